@@ -1,0 +1,263 @@
+"""Worker side: attributes each step's captured rows to requests and answers the fetch RPC.
+
+After every model step the plugin calls :meth:`AlignmentCapture.after_step`. The step's flattened
+tokens are split per request in the runner's batch order (V1 runner: ``input_batch.req_ids``; runner
+V2: ``execute_model_state.input_batch.req_ids``) with ``scheduler_output.num_scheduled_tokens``; a
+token's decoder position is the request's ``num_computed_tokens`` plus its index in the step. Encoder
+keys belong, 1500 rows each, to the requests of ``scheduler_output.scheduled_encoder_inputs`` in
+that dict's order, which is the order the runner concatenates encoder outputs in.
+
+Only requests whose ``SamplingParams.extra_args`` carry :class:`AlignmentParams` get a slot; their
+rows are gathered with one ``index_copy_`` per alignment layer and step. When a request finishes
+(or is aborted) its Q·Kᵀ is formed, moved to host memory and its slot is freed; the host copy waits
+for the fetch RPC, bounded in count and age.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+
+from vllm_whisper_align import timing
+from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
+
+if TYPE_CHECKING:
+    from vllm_whisper_align.model import CapturingCrossAttention
+
+logger = init_logger(__name__)
+
+# Finished requests whose timings nobody fetched (a client that went away) are dropped after this.
+PARKED_TTL_S = 300.0
+MAX_PARKED = 4096
+
+
+@dataclass
+class _Tracked:
+    params: AlignmentParams
+    slot: int
+    num_rows: int = 0  # decoder rows captured so far (highest position + 1)
+    has_keys: bool = False
+
+
+@dataclass
+class _Parked:
+    params: AlignmentParams
+    qk: np.ndarray | None  # [heads, rows from sot_row, real encoder frames] float32
+    parked_at: float
+    error: str | None = None
+
+
+class AlignmentCapture:
+    """Per-request storage of the alignment heads' queries and keys, in slots that grow on demand."""
+
+    def __init__(
+        self,
+        layers: list[CapturingCrossAttention],
+        head_dim: int,
+        max_decoder_rows: int,
+        encoder_rows: int,
+        max_requests: int,
+    ):
+        self.layers = layers
+        self.head_dim = head_dim
+        self.max_decoder_rows = max_decoder_rows
+        self.encoder_rows = encoder_rows
+        self.max_requests = max_requests
+        self.num_heads = sum(len(layer.capture_heads) for layer in layers)
+        self.tracked: dict[str, _Tracked] = {}  # by engine request id
+        self.parked: OrderedDict[str, _Parked] = OrderedDict()  # by alignment key
+        self.free_slots: list[int] = []
+        self.q_slots: list[torch.Tensor] = []  # per layer: [slots * max_decoder_rows, heads, head_dim]
+        self.k_slots: list[torch.Tensor] = []  # per layer: [slots, encoder_rows, heads, head_dim]
+        self.num_slots = 0
+
+    # ---- slots -------------------------------------------------------------------------------
+
+    def _grow(self) -> None:
+        new_slots = min(self.max_requests, max(4, 2 * self.num_slots))
+        if new_slots <= self.num_slots:
+            raise RuntimeError("no free alignment slot (more aligned requests than max_num_seqs)")
+        q_slots, k_slots = [], []
+        for index, layer in enumerate(self.layers):
+            like = layer.captured_q
+            heads = like.shape[1]
+            q = like.new_zeros((new_slots * self.max_decoder_rows, heads, self.head_dim))
+            k = like.new_zeros((new_slots, self.encoder_rows, heads, self.head_dim))
+            if self.num_slots:
+                q[: self.num_slots * self.max_decoder_rows] = self.q_slots[index]
+                k[: self.num_slots] = self.k_slots[index]
+            q_slots.append(q)
+            k_slots.append(k)
+        self.q_slots, self.k_slots = q_slots, k_slots
+        self.free_slots.extend(range(new_slots - 1, self.num_slots - 1, -1))
+        self.num_slots = new_slots
+
+    def _take_slot(self) -> int:
+        if not self.free_slots:
+            self._grow()
+        return self.free_slots.pop()
+
+    # ---- per step ----------------------------------------------------------------------------
+
+    def after_step(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
+        self._track_new_requests(scheduler_output)
+        if self.tracked and scheduler_output.total_num_scheduled_tokens:
+            self._copy_keys(scheduler_output)
+            self._copy_queries(scheduler_output, batch_req_ids)
+        for req_id in scheduler_output.finished_req_ids:
+            if req_id in self.tracked:
+                self._park(req_id)
+        self._expire_parked()
+
+    def _track_new_requests(self, scheduler_output: Any) -> None:
+        for new_request in scheduler_output.scheduled_new_reqs:
+            sampling_params = new_request.sampling_params
+            params = AlignmentParams.from_extra_args(sampling_params and sampling_params.extra_args)
+            if params is not None and new_request.req_id not in self.tracked:
+                self.tracked[new_request.req_id] = _Tracked(params, self._take_slot())
+
+    def _copy_keys(self, scheduler_output: Any) -> None:
+        row = 0
+        for req_id in scheduler_output.scheduled_encoder_inputs:
+            entry = self.tracked.get(req_id)
+            if entry is not None:
+                for layer, k_slots in zip(self.layers, self.k_slots):
+                    k_slots[entry.slot].copy_(layer.captured_k[row : row + self.encoder_rows])
+                entry.has_keys = True
+            row += self.encoder_rows
+
+    def _copy_queries(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
+        computed = _num_computed_tokens(scheduler_output)
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        sources, targets = [], []
+        row = 0
+        for req_id in batch_req_ids:
+            count = num_scheduled.get(req_id, 0)
+            entry = self.tracked.get(req_id)
+            if entry is not None and count:
+                first = computed.get(req_id, entry.num_rows)
+                positions = np.arange(first, min(first + count, self.max_decoder_rows))
+                sources.append(np.arange(row, row + len(positions)))
+                targets.append(entry.slot * self.max_decoder_rows + positions)
+                entry.num_rows = max(entry.num_rows, first + len(positions))
+            row += count
+        if not sources:
+            return
+        device = self.q_slots[0].device
+        source_rows = torch.from_numpy(np.concatenate(sources)).to(device, non_blocking=True)
+        target_rows = torch.from_numpy(np.concatenate(targets)).to(device, non_blocking=True)
+        for layer, q_slots in zip(self.layers, self.q_slots):
+            q_slots.index_copy_(0, target_rows, layer.captured_q.index_select(0, source_rows))
+
+    # ---- results -----------------------------------------------------------------------------
+
+    def _cross_qk(self, entry: _Tracked) -> np.ndarray:
+        """Scaled Q·Kᵀ of the alignment heads: [heads, rows from sot_row, real encoder frames]."""
+        params = entry.params
+        frames = min(params.num_frames // 2, self.encoder_rows)
+        base = entry.slot * self.max_decoder_rows
+        per_layer = []
+        for q_slots, k_slots in zip(self.q_slots, self.k_slots):
+            q = q_slots[base + params.sot_row : base + entry.num_rows].float()
+            k = k_slots[entry.slot, :frames].float()
+            per_layer.append(torch.einsum("rhd,fhd->hrf", q, k))
+        qk = torch.cat(per_layer) * self.head_dim**-0.5
+        return qk.cpu().numpy()
+
+    def _park(self, req_id: str) -> None:
+        entry = self.tracked.pop(req_id)
+        error = None
+        qk = None
+        if not entry.has_keys or entry.num_rows <= entry.params.text_row:
+            error = "the request produced no decoder rows to align"
+        else:
+            qk = self._cross_qk(entry)
+        self.free_slots.append(entry.slot)
+        self.parked[entry.params.key] = _Parked(entry.params, qk, time.monotonic(), error)
+        self.parked.move_to_end(entry.params.key)
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        while self.parked:
+            key, oldest = next(iter(self.parked.items()))
+            if len(self.parked) <= MAX_PARKED and now - oldest.parked_at < PARKED_TTL_S:
+                break
+            logger.warning("Dropping word timings of request %s: not fetched in time", key)
+            del self.parked[key]
+
+    def fetch(self, requests: list[AlignmentRequest]) -> list[dict[str, Any]]:
+        """Alignment matrices for finished requests; frees everything kept for them.
+
+        A request may be fetched before the worker has seen it finish (the client gets its tokens
+        first), so live requests are parked on the spot.
+        """
+        by_key = {entry.params.key: req_id for req_id, entry in self.tracked.items()}
+        results = []
+        for request in requests:
+            if request.key in by_key:
+                self._park(by_key[request.key])
+            parked = self.parked.pop(request.key, None)
+            results.append(_matrix_result(parked, request))
+        return results
+
+    def discard(self, keys: list[str]) -> int:
+        """Forgets aborted requests' captures; the slot of a live one is freed when it finishes."""
+        dropped = 0
+        for key in keys:
+            dropped += self.parked.pop(key, None) is not None
+        for req_id, entry in list(self.tracked.items()):
+            if entry.params.key in keys:
+                self.tracked.pop(req_id)
+                self.free_slots.append(entry.slot)
+                dropped += 1
+        return dropped
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "tracked": len(self.tracked),
+            "parked": len(self.parked),
+            "slots": self.num_slots,
+            "free_slots": len(self.free_slots),
+            "slot_bytes": sum(t.numel() * t.element_size() for t in self.q_slots + self.k_slots),
+            "parked_bytes": sum(p.qk.nbytes for p in self.parked.values() if p.qk is not None),
+        }
+
+
+def _num_computed_tokens(scheduler_output: Any) -> dict[str, int]:
+    computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return computed
+
+
+def _matrix_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, Any]:
+    if parked is None:
+        return {"key": request.key, "error": "no alignment captured for this request (expired, "
+                "never asked for, or served by another engine)"}
+    if parked.error is not None:
+        return {"key": request.key, "error": parked.error}
+    params = parked.params
+    text_start = params.text_row - params.sot_row
+    # The reference normalises over [sot, ..., text, eot]; rows past that (a step run after the
+    # request finished) are not part of it.
+    norm_stop = min(parked.qk.shape[1], text_start + request.num_text_tokens + 2)
+    dtw_stop = min(norm_stop, text_start + request.num_text_tokens + 1)
+    matrix = timing.alignment_matrix(
+        parked.qk[:, :norm_stop],
+        params.num_frames,
+        medfilt_width=params.medfilt_width,
+        qk_scale=params.qk_scale,
+    )[text_start:dtw_stop]
+    # Raw bytes: the RPC's msgpack encoder would turn an ndarray into nested lists.
+    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+    return {"key": request.key, "matrix": matrix.tobytes(), "shape": list(matrix.shape)}
+
+
+def matrix_from_result(result: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(result["matrix"], dtype=np.float32).reshape(result["shape"])

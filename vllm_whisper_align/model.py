@@ -1,0 +1,155 @@
+"""vLLM's Whisper with the alignment heads' cross-attention kept from the decoding forward.
+
+The forward only copies the alignment heads' cross-attention queries (every step) and keys (the step
+that feeds a request's encoder output) into buffers allocated once at load time. Nothing in the
+forward depends on which requests are running, so it stays valid under ``torch.compile`` and CUDA
+graphs; rows are attributed to requests after the step by :mod:`vllm_whisper_align.capture`, which
+also forms Q·Kᵀ for the requests that asked for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.logger import init_logger
+from vllm.model_executor.models.whisper import (
+    WhisperCrossAttention,
+    WhisperForConditionalGeneration,
+)
+
+from vllm_whisper_align.capture import AlignmentCapture
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class AlignmentHeads:
+    """(decoder layer, head) pairs whose cross-attention follows the audio monotonically."""
+
+    heads: tuple[tuple[int, int], ...]
+    source: str
+
+    def by_layer(self) -> dict[int, list[int]]:
+        layers: dict[int, list[int]] = {}
+        for layer, head in self.heads:
+            layers.setdefault(layer, []).append(head)
+        return layers
+
+
+def resolve_alignment_heads(
+    config_heads, generation_heads, num_layers: int, num_heads: int
+) -> AlignmentHeads:
+    """Heads from ``hf_overrides``/config first, then generation_config, then a fallback.
+
+    The fallback (every head of the upper half of the decoder) is what openai-whisper uses for models
+    it has no alignment heads for; it works, but worse than tuned heads, hence the warning.
+    """
+    for heads, source in ((config_heads, "config"), (generation_heads, "generation_config")):
+        if heads:
+            pairs = tuple(sorted({(int(layer), int(head)) for layer, head in heads}))
+            for layer, head in pairs:
+                if not (0 <= layer < num_layers and 0 <= head < num_heads):
+                    raise ValueError(
+                        f"alignment head ({layer}, {head}) from {source} is outside the decoder "
+                        f"({num_layers} layers x {num_heads} heads)"
+                    )
+            return AlignmentHeads(pairs, source)
+    logger.warning(
+        "No alignment_heads in this model's config or generation_config: using all heads of the "
+        "upper half of the decoder layers; word timings will be less precise. Set them with "
+        "--hf-overrides '{\"alignment_heads\": [[layer, head], ...]}'."
+    )
+    pairs = tuple((layer, head) for layer in range(num_layers // 2, num_layers) for head in range(num_heads))
+    return AlignmentHeads(pairs, "upper-half fallback")
+
+
+class CapturingCrossAttention(WhisperCrossAttention):
+    """Whisper cross-attention that also writes its alignment heads' q and k to fixed buffers."""
+
+    capture_heads: list[int]
+    captured_q: torch.Tensor  # [max_tokens, len(capture_heads), head_dim]
+    captured_k: torch.Tensor  # [max_encoder_rows, len(capture_heads), head_dim]
+
+    def attach_capture(self, heads: list[int], max_tokens: int, max_encoder_rows: int) -> None:
+        self.capture_heads = heads
+        weight = self.q_proj.weight
+        shape = (len(heads), self.head_dim)
+        # Non-persistent buffers: they follow the module to its device and are graph inputs to
+        # torch.compile, but never appear in the state dict the weight loader walks.
+        self.register_buffer(
+            "captured_q", torch.zeros((max_tokens, *shape), dtype=weight.dtype, device=weight.device),
+            persistent=False,
+        )
+        self.register_buffer(
+            "captured_k",
+            torch.zeros((max_encoder_rows, *shape), dtype=weight.dtype, device=weight.device),
+            persistent=False,
+        )
+
+    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None):
+        q, _ = self.q_proj(hidden_states)
+        num_tokens = q.shape[0]
+        self.captured_q[:num_tokens].copy_(
+            q.view(num_tokens, self.num_heads, self.head_dim)[:, self.capture_heads]
+        )
+        if encoder_hidden_states is not None:
+            kv, _ = self.kv_proj(encoder_hidden_states)
+            k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
+            num_rows = min(k.shape[0], self.captured_k.shape[0])
+            self.captured_k[:num_rows].copy_(
+                k[:num_rows].view(num_rows, self.num_kv_heads, self.head_dim)[:, self.capture_heads]
+            )
+        else:
+            k = v = None
+        attn_output = self.attn(q, k, v)
+        output, _ = self.out_proj(attn_output)
+        return output
+
+
+class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
+    """Drop-in replacement registered for ``WhisperForConditionalGeneration`` by the plugin."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        config = vllm_config.model_config.hf_config
+        generation_config = vllm_config.model_config.try_get_generation_config()
+        self.alignment_heads = resolve_alignment_heads(
+            getattr(config, "alignment_heads", None),
+            generation_config.get("alignment_heads"),
+            config.decoder_layers,
+            config.decoder_attention_heads,
+        )
+        self.alignment_capture: AlignmentCapture | None = None
+        if get_tensor_model_parallel_world_size() > 1:
+            # Heads are split across ranks; gathering them is not implemented yet.
+            logger.warning("Word timestamps are disabled under tensor parallelism (TP > 1).")
+            return
+        self._install_capture(vllm_config)
+
+    def _install_capture(self, vllm_config: VllmConfig) -> None:
+        scheduler_config = vllm_config.scheduler_config
+        config = vllm_config.model_config.hf_config
+        max_tokens = scheduler_config.max_num_batched_tokens
+        encoder_rows = config.max_source_positions
+        # Whole encoder outputs only: round the encoder budget up to a number of 30 s windows.
+        max_encoder_rows = max(1, -(-scheduler_config.max_num_encoder_input_tokens // encoder_rows)) * encoder_rows
+        layers = []
+        for layer_index, heads in self.alignment_heads.by_layer().items():
+            attention = self.model.decoder.layers[layer_index].encoder_attn
+            attention.__class__ = CapturingCrossAttention
+            attention.attach_capture(heads, max_tokens, max_encoder_rows)
+            layers.append(attention)
+        self.alignment_capture = AlignmentCapture(
+            layers=layers,
+            head_dim=config.d_model // config.decoder_attention_heads,
+            max_decoder_rows=config.max_target_positions,
+            encoder_rows=encoder_rows,
+            max_requests=scheduler_config.max_num_seqs,
+        )
+        logger.info(
+            "Word timestamps: capturing %d alignment heads (%s) in %d decoder layers",
+            len(self.alignment_heads.heads), self.alignment_heads.source, len(layers),
+        )

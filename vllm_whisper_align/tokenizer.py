@@ -1,0 +1,101 @@
+"""Whisper's special tokens and decoder prompts, read from whatever tokenizer vLLM loaded.
+
+English-only (``*.en``) models have no language or task tokens: their prompt is
+``<|startoftranscript|><|notimestamps|>``. Giving them the multilingual prompt (as vLLM 0.32 does)
+makes them emit nothing or garbage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+ENGLISH_ONLY_VOCAB_SIZE = 51864
+
+
+@dataclass(frozen=True)
+class WhisperTokens:
+    eot: int
+    sot: int
+    transcribe: int
+    translate: int
+    no_timestamps: int
+    start_of_prev: int
+    timestamp_begin: int | None
+    language_ids: dict[str, int] = field(default_factory=dict)
+    vocab_size: int = 0
+    decode_ids: Callable[[list[int]], str] | None = field(default=None, compare=False, repr=False)
+    encode_text: Callable[[str], list[int]] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def is_multilingual(self) -> bool:
+        return bool(self.language_ids)
+
+    @property
+    def is_english_only(self) -> bool:
+        return not self.language_ids
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> WhisperTokens:
+        def token_id(text: str) -> int | None:
+            ids = tokenizer.convert_tokens_to_ids([text])
+            value = ids[0] if ids else None
+            unk = getattr(tokenizer, "unk_token_id", None)
+            return None if value is None or (value == unk and text != "<|endoftext|>") else value
+
+        languages = {}
+        vocab = tokenizer.get_vocab()
+        sot, translate = vocab["<|startoftranscript|>"], vocab["<|translate|>"]
+        # English-only vocabularies (51864 ids) still list language tokens, but the model was
+        # never trained with them; multilingual ones have 51865 (large-v3: 51866).
+        if len(tokenizer) >= ENGLISH_ONLY_VOCAB_SIZE + 1:
+            for text, index in vocab.items():
+                # The language tokens sit between <|startoftranscript|> and <|translate|>.
+                if sot < index < translate and text.startswith("<|") and text.endswith("|>"):
+                    languages[text[2:-2]] = index
+        return cls(
+            eot=vocab["<|endoftext|>"],
+            sot=sot,
+            transcribe=vocab["<|transcribe|>"],
+            translate=translate,
+            no_timestamps=vocab["<|notimestamps|>"],
+            start_of_prev=vocab["<|startofprev|>"],
+            timestamp_begin=token_id("<|0.00|>"),
+            language_ids=languages,
+            vocab_size=len(tokenizer),
+            decode_ids=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+            encode_text=lambda text: tokenizer.encode(text, add_special_tokens=False),
+        )
+
+    def sot_sequence(self, language: str | None, task: str = "transcribe") -> list[int]:
+        if not self.is_multilingual:
+            if language not in (None, "en"):
+                raise ValueError(f"this English-only model cannot {task} language {language!r}")
+            if task == "translate":
+                raise ValueError("this English-only model cannot translate")
+            return [self.sot]
+        if language is None:
+            raise ValueError("a multilingual model needs a language (detect it first)")
+        if language not in self.language_ids:
+            raise ValueError(f"unsupported language {language!r}")
+        task_id = self.translate if task == "translate" else self.transcribe
+        return [self.sot, self.language_ids[language], task_id]
+
+    def transcription_prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
+        return [*self.sot_sequence(language, task), self.no_timestamps]
+
+    def alignment_prompt(self, language: str | None, text_tokens: list[int]) -> list[int]:
+        """The reference's teacher-forced sequence: [sot…, no_timestamps, text…, eot]."""
+        return [*self.transcription_prompt(language), *text_tokens, self.eot]
+
+    def is_text_token(self, token: int) -> bool:
+        return 0 <= token < self.eot
+
+    def decode(self, ids: list[int]) -> str:
+        return self.decode_ids([t for t in ids if self.is_text_token(t)])
+
+    def decode_with_special(self, ids: list[int]) -> str:
+        return self.decode_ids(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_text(text)
