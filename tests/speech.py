@@ -1,0 +1,198 @@
+"""Synthetic speech with known word boundaries, for timestamp tests.
+
+Each word is spoken on its own by espeak-ng, trimmed to where its sound starts and
+ends, and joined with exact silences, so the true start/end of every word is known
+to the sample. Synthesized words are cached on disk because espeak-ng is the slow part.
+"""
+
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from vllm_whisper_align.audio import SAMPLE_RATE, decode_audio
+
+# A word's sound starts/ends at the first/last sample this far below its peak (-60 dB).
+# espeak-ng's own silence is exact zeros, so this only has to clear resampler ringing.
+TRIM_THRESHOLD = 1e-3
+# Bump when synthesis or trimming changes, so stale cache entries are ignored.
+CACHE_VERSION = 1
+
+
+@dataclass
+class SpokenClip:
+    samples: np.ndarray  # float32 mono at SAMPLE_RATE
+    words: list[str]
+    starts: list[float]  # seconds; starts[i] * SAMPLE_RATE is an exact sample index
+    ends: list[float]
+    text: str
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / SAMPLE_RATE
+
+
+def synthesize_words(
+    words: Sequence[str],
+    gap_s: Union[float, Sequence[float]] = 0.3,
+    voice: str = "en-us",
+    rate: int = 160,
+    lead_s: float = 0.5,
+    tail_s: float = 0.5,
+    noise_db: Optional[float] = None,
+    seed: int = 0,
+) -> SpokenClip:
+    """Speak `words` one at a time with silences of `gap_s` between them.
+
+    `gap_s` is one gap for all, or one per pair of neighbouring words. `noise_db` adds
+    white noise at that RMS level in dBFS (e.g. -40) over the whole clip; boundaries
+    still describe the clean speech.
+    """
+    words = list(words)
+    if not words:
+        raise ValueError("need at least one word")
+    gaps = _gap_list(gap_s, len(words))
+
+    pieces = [_silence(lead_s)]
+    starts, ends = [], []
+    position = len(pieces[0])
+    for index, word in enumerate(words):
+        sound = speak_word(word, voice, rate)
+        starts.append(position / SAMPLE_RATE)
+        position += len(sound)
+        ends.append(position / SAMPLE_RATE)
+        pieces.append(sound)
+        pause = _silence(gaps[index] if index < len(gaps) else tail_s)
+        position += len(pause)
+        pieces.append(pause)
+
+    samples = np.concatenate(pieces)
+    if noise_db is not None:
+        samples = _add_noise(samples, noise_db, seed)
+    return SpokenClip(samples, words, starts, ends, _sentence_text(words))
+
+
+def speak_word(word: str, voice: str = "en-us", rate: int = 160) -> np.ndarray:
+    """One word from espeak-ng at SAMPLE_RATE, trimmed to its sound (cached on disk)."""
+    cache_file = _cache_dir() / f"{_cache_key(word, voice, rate)}.npy"
+    if cache_file.exists():
+        return np.load(cache_file)
+    sound = _trim_silence(_run_espeak(word, voice, rate))
+    _save_atomically(cache_file, sound)
+    return sound
+
+
+def write_wav(path: Union[str, os.PathLike], samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+    import soundfile
+
+    soundfile.write(os.fspath(path), samples, sample_rate, subtype="PCM_16")
+
+
+SENTENCES = [
+    "the cat sat on the warm mat",
+    "please bring me a glass of cold water",
+    "we walked to the park after lunch",
+    "the train leaves at seven in the morning",
+    "my sister plays the piano every day",
+    "please open the kitchen window",
+    "he painted the old fence green and white last summer",
+    "birds sing in the tall trees near the river",
+]
+_GAP_CYCLE = [0.15, 0.25, 0.4, 0.6, 0.2, 0.35, 0.5, 0.3]
+
+
+def sentence_clips() -> list[SpokenClip]:
+    """Eight short plain-English sentences with word gaps varying from 0.15 s to 0.6 s.
+
+    The clips are built once per process and shared: copy samples before changing them.
+    """
+    return list(_sentence_clips())
+
+
+@functools.lru_cache(maxsize=None)
+def _sentence_clips() -> tuple[SpokenClip, ...]:
+    clips = []
+    for index, sentence in enumerate(SENTENCES):
+        words = sentence.split()
+        gaps = [_GAP_CYCLE[(index + k) % len(_GAP_CYCLE)] for k in range(len(words) - 1)]
+        clips.append(synthesize_words(words, gap_s=gaps))
+    return tuple(clips)
+
+
+def long_clip(min_seconds: float = 65.0) -> SpokenClip:
+    """Sentence clips back to back (repeating as needed) until at least `min_seconds` long."""
+    pieces, words, starts, ends, texts = [], [], [], [], []
+    position = 0
+    clips = sentence_clips()
+    index = 0
+    while position < min_seconds * SAMPLE_RATE:
+        clip = clips[index % len(clips)]
+        offset = position / SAMPLE_RATE
+        pieces.append(clip.samples)
+        words += clip.words
+        starts += [offset + start for start in clip.starts]
+        ends += [offset + end for end in clip.ends]
+        texts.append(clip.text)
+        position += len(clip.samples)
+        index += 1
+    return SpokenClip(np.concatenate(pieces), words, starts, ends, " ".join(texts))
+
+
+def _gap_list(gap_s: Union[float, Sequence[float]], num_words: int) -> list[float]:
+    if isinstance(gap_s, (int, float)):
+        return [float(gap_s)] * (num_words - 1)
+    gaps = [float(gap) for gap in gap_s]
+    if len(gaps) != num_words - 1:
+        raise ValueError(f"need {num_words - 1} gaps for {num_words} words, got {len(gaps)}")
+    return gaps
+
+
+def _silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(round(seconds * SAMPLE_RATE)), dtype=np.float32)
+
+
+def _sentence_text(words: list[str]) -> str:
+    text = " ".join(words)
+    return text[:1].upper() + text[1:] + "."
+
+
+def _add_noise(samples: np.ndarray, noise_db: float, seed: int) -> np.ndarray:
+    noise = np.random.default_rng(seed).standard_normal(len(samples)) * 10 ** (noise_db / 20)
+    return np.clip(samples + noise, -1.0, 1.0).astype(np.float32)
+
+
+def _run_espeak(word: str, voice: str, rate: int) -> np.ndarray:
+    # "--" keeps a word starting with "-" from being read as an option.
+    command = ["espeak-ng", "-v", voice, "-s", str(rate), "--stdout", "--", word]
+    wav = subprocess.run(command, check=True, capture_output=True).stdout
+    return decode_audio(wav, SAMPLE_RATE)
+
+
+def _trim_silence(samples: np.ndarray) -> np.ndarray:
+    loud = np.flatnonzero(np.abs(samples) > TRIM_THRESHOLD * np.abs(samples).max(initial=0.0))
+    if len(loud) == 0:
+        raise ValueError("espeak-ng produced silence")
+    return np.ascontiguousarray(samples[loud[0] : loud[-1] + 1], dtype=np.float32)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "vllm-whisper-align" / "espeak"
+
+
+def _cache_key(word: str, voice: str, rate: int) -> str:
+    return hashlib.sha256(repr((CACHE_VERSION, word, voice, rate)).encode()).hexdigest()[:32]
+
+
+def _save_atomically(path: Path, samples: np.ndarray) -> None:
+    # Parallel test workers may synthesize the same word; never expose a half-written file.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy.tmp", delete=False) as temporary:
+        np.save(temporary, samples)
+    os.replace(temporary.name, path)

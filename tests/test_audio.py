@@ -1,0 +1,412 @@
+import io
+import json
+import shutil
+import subprocess
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from speech import long_clip, sentence_clips, write_wav
+from vllm_whisper_align.audio import (
+    CHUNK_SECONDS,
+    HOP_LENGTH,
+    SAMPLE_RATE,
+    AudioChunk,
+    AudioError,
+    chunk_audio,
+    decode_audio,
+    num_mel_frames,
+    sample_path,
+)
+
+
+@pytest.fixture(scope="module")
+def clip():
+    return sentence_clips()[1]
+
+
+# --- decoding ------------------------------------------------------------------------
+
+
+def encode_with_pyav(path, samples, container_format, codec, rate, channels=1):
+    av = pytest.importorskip("av")
+    layout = "stereo" if channels == 2 else "mono"
+    try:
+        with av.open(str(path), "w", format=container_format) as output:
+            stream = output.add_stream(codec, rate=rate)
+            stream.layout = layout
+            resampler = av.AudioResampler(format=stream.codec_context.format.name, layout=layout, rate=rate)
+            # Duplicate channels ourselves: FFmpeg's mono-to-stereo upmix scales by 0.707.
+            planes = np.repeat(samples[None, :].astype(np.float32), channels, axis=0)
+            frame = av.AudioFrame.from_ndarray(planes, format="fltp", layout=layout)
+            frame.sample_rate = SAMPLE_RATE
+            # Real timestamps let the muxer record encoder priming (AAC's edit list).
+            frame.pts, frame.time_base = 0, Fraction(1, SAMPLE_RATE)
+            for resampled in resampler.resample(frame) + resampler.resample(None):
+                for packet in stream.encode(resampled):
+                    output.mux(packet)
+            for packet in stream.encode(None):
+                output.mux(packet)
+    except (av.error.FFmpegError, ValueError) as error:
+        pytest.skip(f"no {codec} encoder in this PyAV build: {error}")
+
+
+def encode_with_sox(path, samples, rate):
+    if shutil.which("sox") is None:
+        pytest.skip("sox not installed")
+    source = Path(path).with_suffix(".source.wav")
+    write_wav(source, samples)
+    result = subprocess.run(["sox", str(source), "-r", str(rate), str(path)], capture_output=True)
+    if result.returncode != 0:
+        pytest.skip(f"sox cannot write {Path(path).suffix}: {result.stderr.decode().strip()}")
+
+
+def encode(path, samples, kind):
+    """Write `samples` (16 kHz mono) as `kind`, one of ENCODINGS."""
+    if kind == "wav":
+        write_wav(path, samples)
+    elif kind == "wav-44k-stereo":
+        stereo = np.stack([samples, samples], axis=1)
+        soundfile.write(path, _resample_reference(stereo, 44100), 44100, subtype="PCM_16")
+    elif kind == "flac":
+        soundfile.write(path, samples, SAMPLE_RATE, format="FLAC", subtype="PCM_16")
+    elif kind == "mp3":
+        encode_with_pyav(path, samples, "mp3", "libmp3lame", 44100)
+    elif kind == "ogg-vorbis":
+        encode_with_sox(path, samples, 44100)
+    elif kind == "ogg-opus":
+        encode_with_pyav(path, samples, "ogg", "libopus", 48000)
+    elif kind == "m4a":
+        encode_with_pyav(path, samples, "ipod", "aac", 44100)
+    elif kind == "webm":
+        encode_with_pyav(path, samples, "webm", "libopus", 48000, channels=2)
+    else:
+        raise ValueError(kind)
+
+
+def _resample_reference(samples, rate):
+    # Linear interpolation is plenty for a decode test: the decoder resamples it back.
+    old_times = np.arange(len(samples)) / SAMPLE_RATE
+    new_times = np.arange(int(len(samples) * rate / SAMPLE_RATE)) / rate
+    return np.stack([np.interp(new_times, old_times, channel) for channel in samples.T], axis=1)
+
+
+ENCODINGS = {
+    # kind: (file suffix, lossless)
+    "wav": (".wav", True),
+    "wav-44k-stereo": (".wav", False),
+    "flac": (".flac", True),
+    "mp3": (".mp3", False),
+    "ogg-vorbis": (".ogg", False),
+    "ogg-opus": (".ogg", False),
+    "m4a": (".m4a", False),
+    "webm": (".webm", False),
+}
+
+
+def alignment(reference, decoded):
+    """(lag in samples of `decoded` behind `reference`, normalised correlation)."""
+    size = 1 << (len(reference) + len(decoded)).bit_length()
+    correlation = np.fft.irfft(np.fft.rfft(decoded, size) * np.conj(np.fft.rfft(reference, size)), size)
+    lag = int(np.argmax(correlation))
+    lag = lag if lag < size // 2 else lag - size
+    scale = np.sqrt(np.dot(reference, reference) * np.dot(decoded, decoded))
+    return lag, float(correlation.max() / scale)
+
+
+@pytest.mark.parametrize("kind", ENCODINGS)
+def test_decode_formats(tmp_path, clip, kind):
+    suffix, lossless = ENCODINGS[kind]
+    path = tmp_path / f"clip{suffix}"
+    encode(path, clip.samples, kind)
+
+    decoded = decode_audio(path)
+    assert decoded.dtype == np.float32 and decoded.ndim == 1
+    assert np.abs(decoded).max() <= 1.0
+    # Lossy codecs pad the end to whole frames; the start must not move.
+    assert abs(len(decoded) - len(clip.samples)) <= 0.1 * SAMPLE_RATE
+    lag, correlation = alignment(clip.samples, decoded)
+    assert abs(lag) <= SAMPLE_RATE // 1000, f"{kind} decoded {lag} samples late"
+    assert correlation > (0.9999 if lossless else 0.9)
+    assert abs(np.abs(decoded).max() - np.abs(clip.samples).max()) < 0.15, "level changed"
+
+
+@pytest.mark.parametrize("kind", ["wav", "mp3", "m4a"])
+def test_path_bytes_and_stream_agree(tmp_path, clip, kind):
+    path = tmp_path / f"clip{ENCODINGS[kind][0]}"
+    encode(path, clip.samples, kind)
+    from_path = decode_audio(path)
+    np.testing.assert_array_equal(decode_audio(str(path)), from_path)
+    np.testing.assert_array_equal(decode_audio(path.read_bytes()), from_path)
+    with open(path, "rb") as stream:
+        np.testing.assert_array_equal(decode_audio(stream), from_path)
+    np.testing.assert_array_equal(decode_audio(io.BytesIO(path.read_bytes())), from_path)
+
+
+def test_lossless_16k_is_exact(tmp_path, clip):
+    path = tmp_path / "clip.flac"
+    encode(path, clip.samples, "flac")
+    np.testing.assert_allclose(decode_audio(path), clip.samples, atol=1 / 32768)
+
+
+def test_stereo_is_averaged(tmp_path):
+    tone = 0.5 * np.sin(2 * np.pi * 440 * np.arange(44100) / 44100)
+    silence = np.zeros_like(tone)
+    for rate in (16000, 44100):  # soundfile fast path and FFmpeg path
+        path = tmp_path / f"left_only_{rate}.wav"
+        soundfile.write(path, np.stack([tone, silence], axis=1)[: rate], rate, subtype="FLOAT")
+        assert np.abs(decode_audio(path)).max() == pytest.approx(0.25, abs=0.01)
+
+
+def test_resampled_length(tmp_path):
+    path = tmp_path / "tone.wav"
+    soundfile.write(path, np.full(22050 * 3, 0.1), 22050)
+    assert len(decode_audio(path)) == pytest.approx(3 * SAMPLE_RATE, abs=2)
+
+
+def test_many_channels(tmp_path, clip):
+    # Over 8 channels once crashed PyAV's planar frame reader.
+    path = tmp_path / "ten.wav"
+    soundfile.write(path, _resample_reference(np.stack([clip.samples] * 10, axis=1), 44100), 44100, subtype="FLOAT")
+    lag, correlation = alignment(clip.samples, decode_audio(path))
+    assert lag == 0 and correlation > 0.99
+
+
+def test_rate_change_midway(tmp_path, clip):
+    first, second = tmp_path / "first.mp3", tmp_path / "second.mp3"
+    encode_with_pyav(first, clip.samples, "mp3", "libmp3lame", 44100)
+    encode_with_pyav(second, clip.samples, "mp3", "libmp3lame", 22050, channels=2)
+    decoded = decode_audio(first.read_bytes() + second.read_bytes())
+    assert len(decoded) / SAMPLE_RATE == pytest.approx(2 * clip.duration, abs=0.2)
+    assert alignment(clip.samples, decoded[: len(clip.samples)])[1] > 0.95
+    assert alignment(clip.samples, decoded[len(clip.samples) :])[1] > 0.95
+
+
+@pytest.mark.parametrize("rate", [16000, 44100])
+def test_non_finite_samples_are_zeroed(tmp_path, rate):
+    path = tmp_path / "nan.wav"
+    soundfile.write(path, np.array([0.5, np.nan, np.inf, -np.inf, -0.5] * 100), rate, subtype="FLOAT")
+    samples = decode_audio(path)
+    assert np.isfinite(samples).all() and np.abs(samples).max() <= 1.0
+
+
+def test_implausible_sample_rate():
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(1000), 44100, format="WAV", subtype="PCM_16")
+    header = bytearray(buffer.getvalue())
+    header[24:28] = (83_000_000).to_bytes(4, "little")  # fmt chunk's sample rate
+    with pytest.raises(AudioError) as error:
+        decode_audio(bytes(header))
+    _assert_one_line(error, "sample rate")
+
+
+@pytest.mark.parametrize("rate", [16000, 44100])
+def test_zero_length_audio_is_empty(tmp_path, rate):
+    path = tmp_path / "empty.wav"
+    soundfile.write(path, np.zeros(0), rate)
+    for source in (path, path.read_bytes()):
+        samples = decode_audio(source)
+        assert samples.dtype == np.float32 and samples.shape == (0,)
+
+
+def _assert_one_line(error, *fragments):
+    message = str(error.value)
+    assert "\n" not in message and message
+    for fragment in fragments:
+        assert fragment in message
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.wav"
+    with pytest.raises(AudioError) as error:
+        decode_audio(missing)
+    assert str(error.value) == f"no such file: {missing}"
+
+
+def test_empty_file(tmp_path):
+    empty = tmp_path / "empty.mp3"
+    empty.touch()
+    with pytest.raises(AudioError) as error:
+        decode_audio(empty)
+    _assert_one_line(error, "empty", str(empty))
+    with pytest.raises(AudioError):
+        decode_audio(b"")
+
+
+def test_directory(tmp_path):
+    with pytest.raises(AudioError) as error:
+        decode_audio(tmp_path)
+    _assert_one_line(error, str(tmp_path))
+
+
+NOT_AUDIO = {
+    "text": b"this is a plain text file, not audio\n" * 20,
+    "zeros": bytes(4096),
+    "random": np.random.default_rng(0).bytes(8192),
+    "png": b"\x89PNG\r\n\x1a\n" + bytes(200),
+    "json": json.dumps({"text": "hello"}).encode(),
+}
+
+
+@pytest.mark.parametrize("name", NOT_AUDIO)
+def test_not_audio(tmp_path, name):
+    path = tmp_path / f"{name}.wav"
+    path.write_bytes(NOT_AUDIO[name])
+    with pytest.raises(AudioError) as error:
+        decode_audio(path)
+    _assert_one_line(error, f"could not decode {path} as audio: ")
+    with pytest.raises(AudioError) as error:
+        decode_audio(NOT_AUDIO[name])
+    _assert_one_line(error, "could not decode <bytes> as audio: ")
+
+
+def test_unsupported_source_type():
+    with pytest.raises(AudioError):
+        decode_audio(12345)
+
+
+@pytest.fixture(scope="module")
+def encoded_files(tmp_path_factory, clip):
+    folder = tmp_path_factory.mktemp("encoded")
+    files = {}
+    for kind in ("wav", "flac", "mp3", "m4a", "ogg-opus"):
+        path = folder / f"clip{ENCODINGS[kind][0]}"
+        try:
+            encode(path, clip.samples[: SAMPLE_RATE], kind)
+        except pytest.skip.Exception:
+            continue
+        files[kind] = path.read_bytes()
+    return files
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_damaged_files_raise_only_audio_error(encoded_files, data):
+    """Truncated or corrupted uploads either decode or raise AudioError, nothing else."""
+    kind = data.draw(st.sampled_from(sorted(encoded_files)))
+    damaged = bytearray(encoded_files[kind])
+    damaged = damaged[: data.draw(st.integers(0, len(damaged)))]
+    for _ in range(data.draw(st.integers(0, 20))):
+        if damaged:
+            damaged[data.draw(st.integers(0, len(damaged) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        samples = decode_audio(bytes(damaged))
+    except AudioError as error:
+        assert "\n" not in str(error)
+    else:
+        assert samples.dtype == np.float32 and samples.ndim == 1
+        assert not np.isnan(samples).any() and np.abs(samples).max(initial=0) <= 1.0
+
+
+def test_bundled_sample():
+    path = sample_path()
+    assert path.suffix == ".flac" and path.stat().st_size < 200_000
+    truth = json.loads(path.with_suffix(".json").read_text())
+    samples = decode_audio(path)
+    assert soundfile.info(path).samplerate == SAMPLE_RATE and soundfile.info(path).channels == 1
+    assert len(samples) / SAMPLE_RATE == pytest.approx(truth["duration"])
+    assert [word["word"] for word in truth["words"]] == "the quick brown fox jumps over the lazy dog".split()
+    for word in truth["words"]:
+        inside = samples[round(word["start"] * SAMPLE_RATE) : round(word["end"] * SAMPLE_RATE)]
+        assert np.sqrt(np.mean(inside**2)) > 0.01
+    for before, after in zip(truth["words"], truth["words"][1:]):
+        gap = samples[round(before["end"] * SAMPLE_RATE) : round(after["start"] * SAMPLE_RATE)]
+        assert np.abs(gap).max() == 0
+
+
+# --- mel frames ------------------------------------------------------------------------
+
+
+def test_num_mel_frames_matches_openai_whisper():
+    whisper_audio = pytest.importorskip("whisper.audio")
+    for num_samples in [0, 1, 159, 160, 161, 16000, 16159, 16160, 30 * SAMPLE_RATE + 80]:
+        mel = whisper_audio.log_mel_spectrogram(
+            np.zeros(num_samples, dtype=np.float32), padding=whisper_audio.N_SAMPLES
+        )
+        # As in whisper.transcribe: content frames = padded mel length - N_FRAMES.
+        assert num_mel_frames(num_samples) == mel.shape[-1] - whisper_audio.N_FRAMES
+    assert num_mel_frames(CHUNK_SECONDS * SAMPLE_RATE) == 3000
+    assert HOP_LENGTH == 160
+
+
+# --- chunking ------------------------------------------------------------------------
+
+
+def _make_signal(kind, length, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "silence":
+        return np.zeros(length, dtype=np.float32)
+    if kind == "noise":
+        return (0.1 * rng.standard_normal(length)).astype(np.float32)
+    # Bursts of noise separated by silences, like words.
+    envelope = np.repeat(rng.random(length // 50 + 1) > 0.4, 50)[:length]
+    return (0.3 * rng.standard_normal(length) * envelope).astype(np.float32)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kind=st.sampled_from(["silence", "noise", "bursts"]),
+    length=st.integers(0, 20_000),
+    seed=st.integers(0, 2**16),
+    sample_rate=st.sampled_from([100, 1000, 16000]),
+    chunk_seconds=st.floats(0.001, 40.0),
+)
+def test_chunking_properties(kind, length, seed, sample_rate, chunk_seconds):
+    max_length = int(chunk_seconds * sample_rate)
+    if max_length < 1:
+        with pytest.raises(ValueError):
+            chunk_audio(np.zeros(length, dtype=np.float32), chunk_seconds, sample_rate)
+        return
+    samples = _make_signal(kind, length, seed)
+    chunks = chunk_audio(samples, chunk_seconds, sample_rate)
+
+    assert all(isinstance(chunk, AudioChunk) for chunk in chunks)
+    np.testing.assert_array_equal(np.concatenate([chunk.samples for chunk in chunks]), samples)
+    assert all(len(chunk.samples) <= max_length for chunk in chunks)
+    position = 0
+    for chunk in chunks:
+        assert chunk.offset == position / sample_rate
+        assert chunk.duration == len(chunk.samples) / sample_rate
+        position += len(chunk.samples)
+    offsets = [chunk.offset for chunk in chunks]
+    assert offsets == sorted(set(offsets)), "offsets must strictly increase"
+    if length <= max_length:
+        assert len(chunks) == 1
+    else:
+        assert all(len(chunk.samples) > 0 for chunk in chunks)
+
+
+def test_short_audio_is_one_chunk():
+    for seconds in (0, 1, 30):
+        samples = np.ones(seconds * SAMPLE_RATE, dtype=np.float32)
+        [chunk] = chunk_audio(samples)
+        assert chunk.offset == 0.0 and len(chunk.samples) == len(samples)
+
+
+def test_cut_lands_in_the_quiet_gap():
+    samples = (0.2 * np.random.default_rng(0).standard_normal(40 * SAMPLE_RATE)).astype(np.float32)
+    samples[27 * SAMPLE_RATE : int(27.4 * SAMPLE_RATE)] *= 0.001
+    first, second = chunk_audio(samples)
+    assert second.offset == pytest.approx(27.2, abs=0.011)
+
+
+@pytest.mark.parametrize("noise_db", [None, -40, -30])
+def test_long_speech_is_cut_between_words(noise_db):
+    speech = long_clip(min_seconds=65)
+    samples = speech.samples
+    if noise_db is not None:
+        noise = 10 ** (noise_db / 20) * np.random.default_rng(1).standard_normal(len(samples))
+        samples = (samples + noise).astype(np.float32)
+    chunks = chunk_audio(samples)
+    assert len(chunks) >= 3
+    assert all(len(chunk.samples) <= CHUNK_SECONDS * SAMPLE_RATE for chunk in chunks)
+    for chunk in chunks[1:]:
+        cut = chunk.offset
+        assert not any(start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends)), (
+            f"cut at {cut:.3f}s falls inside a word"
+        )

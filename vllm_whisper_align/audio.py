@@ -1,0 +1,282 @@
+"""Audio loading and long-form chunking for Whisper.
+
+Everything here works on float32 mono samples at 16 kHz, the only input
+Whisper's feature extractor accepts.
+"""
+
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+CHUNK_SECONDS = 30
+HOP_LENGTH = 160  # 10 ms mel hop: 100 frames per second of audio
+
+# Cuts between chunks are searched for in this many seconds at the end of each window.
+CUT_SEARCH_SECONDS = 5.0
+# Energy is measured in 10 ms frames: shorter than any pause between words.
+ENERGY_FRAME_SECONDS = 0.01
+# Frames within this factor (3 dB) of the quietest frame count as the same pause,
+# so background noise does not split one pause into many.
+QUIET_ENERGY_FACTOR = 2.0
+
+# Highest sample rate real recordings use (DXD and studio rates stop at 768 kHz).
+MAX_SOURCE_RATE = 768_000
+
+# Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
+_SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
+
+AudioSource = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+
+
+class AudioError(ValueError):
+    """Input that cannot be turned into audio samples; the message is one line."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(str(message).split()))
+
+
+def sample_path() -> Path:
+    """The bundled test clip: espeak-ng reading a pangram word by word (see sample.json)."""
+    return Path(__file__).parent / "assets" / "sample.flac"
+
+
+def num_mel_frames(num_samples: int) -> int:
+    """Number of mel frames Whisper computes for `num_samples` of content.
+
+    Both openai-whisper (`transcribe`: padded mel length minus N_FRAMES) and the HF
+    WhisperFeatureExtractor drop the last STFT frame of a centered STFT, which leaves
+    floor(num_samples / HOP_LENGTH) frames, not ceil: a trailing partial hop has no frame.
+    """
+    if num_samples < 0:
+        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+    return num_samples // HOP_LENGTH
+
+
+def decode_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
+
+    Any container/codec FFmpeg knows works (wav, flac, mp3, ogg, m4a/aac, webm/opus...).
+    Bad input of any kind raises AudioError; audio with no samples returns an empty array.
+    """
+    if sample_rate <= 0:
+        raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+    name, opened = _open_source(source)
+    samples = _decode_with_soundfile(opened, sample_rate)
+    if samples is None:
+        samples = _decode_with_pyav(opened, name, sample_rate)
+    # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
+    # which would poison every mel frame they touch.
+    np.nan_to_num(samples, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+    return np.clip(samples, -1.0, 1.0, out=samples)
+
+
+def _open_source(source: AudioSource) -> tuple[str, Union[str, io.BytesIO]]:
+    """Validate `source` and return (name for messages, a path or in-memory stream)."""
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not os.path.exists(path):
+            raise AudioError(f"no such file: {path}")
+        if not os.path.isfile(path):
+            raise AudioError(f"not a regular file: {path}")
+        if os.path.getsize(path) == 0:
+            raise AudioError(f"empty file: {path}")
+        return path, path
+
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        name, data = "<bytes>", bytes(source)
+    elif hasattr(source, "read"):
+        name = str(getattr(source, "name", "<stream>"))
+        try:
+            data = source.read()
+        except Exception as error:  # a broken stream is bad input, whatever it raises
+            raise AudioError(f"could not read {name}: {error}") from error
+        if not isinstance(data, (bytes, bytearray)):
+            raise AudioError(f"{name} is not a binary stream")
+        data = bytes(data)
+    else:
+        raise AudioError(f"unsupported audio source type: {type(source).__name__}")
+
+    if not data:
+        raise AudioError(f"empty audio input: {name}")
+    # Both decoders need to seek, which upload streams often cannot.
+    return name, io.BytesIO(data)
+
+
+def _decode_with_soundfile(opened, sample_rate: int):
+    """Exact fast path for wav/flac already at `sample_rate`; None means use FFmpeg."""
+    import soundfile
+
+    # Let libsndfile see only what it will be asked to decode: it also parses mp3/ogg,
+    # printing libmpg123 warnings for damaged files, to no use here.
+    if not _has_wav_or_flac_header(opened):
+        return None
+    try:
+        with soundfile.SoundFile(opened) as audio:
+            if audio.format not in _SOUNDFILE_FORMATS or audio.samplerate != sample_rate:
+                return None
+            samples = audio.read(dtype="float32", always_2d=True)
+    except Exception:  # anything libsndfile rejects may still be FFmpeg-readable
+        return None
+    finally:
+        if isinstance(opened, io.BytesIO):
+            opened.seek(0)
+    return np.ascontiguousarray(samples.mean(axis=1, dtype=np.float32))
+
+
+def _has_wav_or_flac_header(opened) -> bool:
+    if isinstance(opened, io.BytesIO):
+        header = opened.getbuffer()[:12].tobytes()
+    else:
+        try:
+            with open(opened, "rb") as file:
+                header = file.read(12)
+        except OSError:  # unreadable: let FFmpeg fail on it with its own message
+            return False
+    is_wav = header[:4] in (b"RIFF", b"RIFX", b"RF64") and header[8:12] == b"WAVE"
+    return is_wav or header[:4] == b"fLaC"
+
+
+def _decode_with_pyav(opened, name: str, sample_rate: int) -> np.ndarray:
+    import av
+
+    try:
+        with av.open(opened, mode="r", metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise AudioError(f"could not decode {name} as audio: no audio stream")
+            stream = container.streams.audio[0]
+            # A damaged header can claim megahertz rates, which take the resampler
+            # seconds to set up for nothing.
+            if (stream.rate or 0) > MAX_SOURCE_RATE:
+                raise AudioError(f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz")
+            return _decode_stream(container, stream, name, sample_rate)
+    except AudioError:
+        raise
+    except Exception as error:  # FFmpeg reports junk input through many exception types
+        raise AudioError(f"could not decode {name} as audio: {_describe(error)}") from error
+
+
+def _decode_stream(container, stream, name: str, sample_rate: int) -> np.ndarray:
+    import av
+
+    # Keep the channels and average them ourselves: FFmpeg's float downmix weights each
+    # stereo channel by 0.707 (louder than either, may clip), while the ffmpeg CLI used
+    # by openai-whisper (s16 output) and our soundfile path both take the plain mean.
+    # Packed, not planar: PyAV crashes reading planar frames with more than 8 channels.
+    resampler, input_shape = None, None
+    pieces = []
+    first_error = None
+    for packet in container.demux(stream):
+        try:
+            frames = packet.decode()
+        except av.error.FFmpegError as error:
+            # Like the ffmpeg CLI, skip a corrupt packet (e.g. a truncated last frame)
+            # rather than lose the whole file.
+            first_error = first_error or error
+            continue
+        for frame in frames:
+            # Joined files (chained ogg, spliced mp3) can change rate or channels midway,
+            # which one PyAV resampler refuses: finish it and start another.
+            frame_shape = (frame.format.name, frame.layout.name, frame.sample_rate)
+            if frame_shape != input_shape:
+                pieces.extend(_flush(resampler))
+                resampler = av.AudioResampler(format="flt", rate=sample_rate)
+                input_shape = frame_shape
+            pieces.extend(_frame_samples(resampled) for resampled in resampler.resample(frame))
+    pieces.extend(_flush(resampler))
+
+    if not pieces:
+        if first_error is not None:
+            raise AudioError(f"could not decode {name} as audio: {_describe(first_error)}")
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate(pieces)
+
+
+def _flush(resampler) -> list[np.ndarray]:
+    if resampler is None:
+        return []
+    return [_frame_samples(resampled) for resampled in resampler.resample(None)]
+
+
+def _describe(error: Exception) -> str:
+    # FFmpeg errors stringify as "[Errno N] reason: 'filename'"; the reason alone reads better.
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__
+
+
+def _frame_samples(frame) -> np.ndarray:
+    channels = frame.layout.nb_channels
+    interleaved = frame.to_ndarray().reshape(-1, channels)  # packed float: (1, samples * channels)
+    return interleaved.mean(axis=1, dtype=np.float32) if channels > 1 else interleaved[:, 0]
+
+
+@dataclass
+class AudioChunk:
+    samples: np.ndarray
+    offset: float  # seconds from the start of the full audio to samples[0]
+    sample_rate: int = SAMPLE_RATE
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.sample_rate
+
+
+def chunk_audio(
+    samples: np.ndarray,
+    chunk_seconds: float = CHUNK_SECONDS,
+    sample_rate: int = SAMPLE_RATE,
+) -> list[AudioChunk]:
+    """Split audio into consecutive windows of at most `chunk_seconds`.
+
+    Each cut is placed in the middle of the longest quiet stretch within the last
+    CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word.
+    Chunks are views that together cover every sample exactly once.
+    """
+    max_length = int(chunk_seconds * sample_rate)
+    if max_length < 1:
+        raise ValueError(f"chunk_seconds * sample_rate must be >= 1 sample, got {chunk_seconds=}")
+    search_length = min(int(CUT_SEARCH_SECONDS * sample_rate), max_length // 2)
+    frame_length = max(1, int(ENERGY_FRAME_SECONDS * sample_rate))
+
+    chunks = []
+    start = 0
+    while len(samples) - start > max_length:
+        search_end = start + max_length
+        search_start = search_end - search_length
+        cut = search_start + _quietest_point(samples[search_start:search_end], frame_length)
+        # A cut at the very start would make an empty chunk; never stall.
+        cut = max(cut, start + 1)
+        chunks.append(AudioChunk(samples[start:cut], start / sample_rate, sample_rate))
+        start = cut
+    chunks.append(AudioChunk(samples[start:], start / sample_rate, sample_rate))
+    return chunks
+
+
+def _quietest_point(region: np.ndarray, frame_length: int) -> int:
+    """Index in `region` at the middle of its longest run of near-minimum-energy frames."""
+    num_frames = len(region) // frame_length
+    if num_frames == 0:
+        return len(region)
+    frames = region[: num_frames * frame_length].astype(np.float64).reshape(num_frames, frame_length)
+    energy = np.mean(frames * frames, axis=1)
+    quiet = energy <= energy.min() * QUIET_ENERGY_FACTOR + 1e-12
+
+    run_start, run_end = _longest_run(quiet)
+    middle_frame = (run_start + run_end) / 2
+    return int(round(middle_frame * frame_length))
+
+
+def _longest_run(mask: np.ndarray) -> tuple[int, int]:
+    """[start, end) of the longest run of True in a non-empty mask with at least one True;
+    ties go to the latest run so chunks stay as long as allowed."""
+    padded = np.concatenate([[False], mask, [False]])
+    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
+    starts, ends = edges[0::2], edges[1::2]
+    lengths = ends - starts
+    best = len(lengths) - 1 - int(np.argmax(lengths[::-1]))
+    return int(starts[best]), int(ends[best])
