@@ -196,3 +196,21 @@ def _save_atomically(path: Path, samples: np.ndarray) -> None:
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy.tmp", delete=False) as temporary:
         np.save(temporary, samples)
     os.replace(temporary.name, path)
+
+
+def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
+    """|heard start - true start| per spoken word, inf for words the transcript lacks.
+
+    Spoken and heard words are paired by a longest-matching-blocks alignment of the lowercased,
+    punctuation-stripped words, so repeated words ("the ... the") pair with the right one.
+    """
+    import difflib
+
+    spoken = [w.lower() for w in clip.words]
+    heard = [w["word"].strip(" .,!?;:\"'").lower() for w in words]
+    errors = np.full(len(spoken), np.inf)
+    matcher = difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        for k in range(size):
+            errors[a + k] = abs(words[b + k]["start"] - clip.starts[a + k])
+    return errors

@@ -280,3 +280,43 @@ def _longest_run(mask: np.ndarray) -> tuple[int, int]:
     lengths = ends - starts
     best = len(lengths) - 1 - int(np.argmax(lengths[::-1]))
     return int(starts[best]), int(ends[best])
+
+
+# ---------------------------------------------------------------------------- speech / silence
+
+# One encoder frame: the resolution word times have anyway.
+SPEECH_FRAME_SECONDS = 0.02
+# A frame is speech when it is this far above the clip's noise floor and not far below its peak.
+SPEECH_ABOVE_NOISE_DB = 8.0
+SPEECH_BELOW_PEAK_DB = 50.0
+# Quiet runs shorter than this (stop-consonant closures) stay speech.
+MIN_SILENCE_SECONDS = 0.1
+
+
+def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame: True where there is sound above the noise floor.
+
+    Cross-attention DTW gives a silence before a word to that word (it has to go somewhere);
+    this mask lets word boundaries be moved out of such silences.
+    """
+    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
+    num_frames = -(-len(samples) // frame_length)
+    if num_frames == 0:
+        return np.zeros(0, dtype=bool)
+    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
+    padded[: len(samples)] = samples
+    power = np.mean(padded.reshape(num_frames, frame_length) ** 2, axis=1)
+    level_db = 10 * np.log10(power + 1e-12)
+    noise_db = np.percentile(level_db, 10)
+    threshold = max(noise_db + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
+    speech = level_db > threshold
+    return _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
+
+
+def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
+    speech = speech.copy()
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], speech.astype(np.int8), [1]])))
+    for start, end in zip(edges[0::2], edges[1::2]):  # runs of silence [start, end)
+        if end - start < min_frames and start > 0 and end < len(speech):
+            speech[start:end] = True
+    return speech
