@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-# Finished requests whose timings nobody fetched (a client that went away) are dropped after this.
-PARKED_TTL_S = 300.0
+# Finished requests whose timings nobody fetched (a client that went away) are dropped after this
+# many seconds, or when more than MAX_PARKED wait. Both can be set per engine with
+# --additional-config '{"whisper_align": {"result_ttl_s": ..., "max_parked": ...}}'.
+RESULT_TTL_S = 300.0
 MAX_PARKED = 4096
 
 
@@ -63,8 +65,12 @@ class AlignmentCapture:
         max_decoder_rows: int,
         encoder_rows: int,
         max_requests: int,
+        result_ttl_s: float = RESULT_TTL_S,
+        max_parked: int = MAX_PARKED,
     ):
         self.layers = layers
+        self.result_ttl_s = result_ttl_s
+        self.max_parked = max_parked
         self.head_dim = head_dim
         self.max_decoder_rows = max_decoder_rows
         self.encoder_rows = encoder_rows
@@ -186,7 +192,7 @@ class AlignmentCapture:
         now = time.monotonic()
         while self.parked:
             key, oldest = next(iter(self.parked.items()))
-            if len(self.parked) <= MAX_PARKED and now - oldest.parked_at < PARKED_TTL_S:
+            if len(self.parked) <= self.max_parked and now - oldest.parked_at < self.result_ttl_s:
                 break
             logger.warning("Dropping word timings of request %s: not fetched in time", key)
             del self.parked[key]
@@ -219,6 +225,7 @@ class AlignmentCapture:
         return dropped
 
     def stats(self) -> dict[str, int]:
+        self._expire_parked()
         return {
             "tracked": len(self.tracked),
             "parked": len(self.parked),

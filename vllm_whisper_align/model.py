@@ -9,11 +9,12 @@ also forms Q·Kᵀ for the requests that asked for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.inputs import TextPrompt
 from vllm.logger import init_logger
 from vllm.model_executor.models.whisper import (
     WhisperCrossAttention,
@@ -23,6 +24,13 @@ from vllm.model_executor.models.whisper import (
 from vllm_whisper_align.capture import AlignmentCapture
 
 logger = init_logger(__name__)
+
+# Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
+ENGLISH_ONLY_VOCAB_SIZE = 51864
+
+
+def is_english_only(hf_config) -> bool:
+    return hf_config.vocab_size <= ENGLISH_ONLY_VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,19 @@ class CapturingCrossAttention(WhisperCrossAttention):
 class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
     """Drop-in replacement registered for ``WhisperForConditionalGeneration`` by the plugin."""
 
+    @classmethod
+    def get_generation_prompt(cls, stt_params):
+        """vLLM's prompt, except that English-only models get theirs (no language/task tokens).
+
+        vLLM 0.32 gives ``*.en`` models the multilingual prompt, which they answer with nothing.
+        """
+        if not is_english_only(stt_params.model_config.hf_config):
+            return super().get_generation_prompt(stt_params)
+        prompt = super().get_generation_prompt(replace(stt_params, language="en"))
+        previous = f"<|startofprev|>{stt_params.request_prompt}" if stt_params.request_prompt else ""
+        prompt["decoder_prompt"] = TextPrompt(prompt=previous + "<|startoftranscript|><|notimestamps|>")
+        return prompt
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
@@ -148,8 +169,18 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             max_decoder_rows=config.max_target_positions,
             encoder_rows=encoder_rows,
             max_requests=scheduler_config.max_num_seqs,
+            **_capture_options(vllm_config),
         )
         logger.info(
             "Word timestamps: capturing %d alignment heads (%s) in %d decoder layers",
             len(self.alignment_heads.heads), self.alignment_heads.source, len(layers),
         )
+
+
+def _capture_options(vllm_config: VllmConfig) -> dict:
+    """``--additional-config '{"whisper_align": {"result_ttl_s": 60, "max_parked": 1024}}'``."""
+    options = (vllm_config.additional_config or {}).get("whisper_align", {})
+    unknown = set(options) - {"result_ttl_s", "max_parked"}
+    if unknown:
+        raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}")
+    return dict(options)

@@ -20,6 +20,7 @@ MODEL_CLASS = "vllm_whisper_align.model:WhisperAlignForConditionalGeneration"
 RPC_FETCH = "whisper_align_fetch"
 RPC_DISCARD = "whisper_align_discard"
 RPC_STATS = "whisper_align_stats"
+NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 
 def register() -> None:
@@ -75,9 +76,7 @@ def _batch_req_ids(runner: Any) -> list[str]:
 def _require_capture(worker_wrapper: Any):
     capture = alignment_capture_of(worker_wrapper)
     if capture is None:
-        raise RuntimeError(
-            "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
-        )
+        raise RuntimeError(NO_CAPTURE_MESSAGE)
     return capture
 
 

@@ -1,0 +1,103 @@
+"""Shared fixtures: one real vLLM engine per test session (starting one takes about a minute)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+# Results parked longer than this are dropped; short so the abort test can watch it happen.
+RESULT_TTL_S = 20.0
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from vllm_whisper_align.models import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def aligner(model_dir):
+    """The offline API over a real engine; float32 so parity with openai-whisper (float32) is fair."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm_whisper_align.offline import WhisperAligner
+
+    engine = WhisperAligner(
+        str(model_dir),
+        dtype="float32",
+        max_num_seqs=16,
+        additional_config={"whisper_align": {"result_ttl_s": RESULT_TTL_S}},
+    )
+    yield engine
+    engine.llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="session")
+def clips():
+    from speech import sentence_clips
+
+    return sentence_clips()
+
+
+@pytest.fixture(scope="session")
+def reference(model_dir):
+    from reference import load_reference_model, reference_tokenizer
+
+    model = load_reference_model(model_dir)
+    return model, reference_tokenizer(model)
+
+
+SERVER_START_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(model: str | Path, log_dir: Path, served_name: str, env: dict | None = None, args=()):
+    """`vllm-whisper-align serve MODEL` in a subprocess; yields its base URL once /health answers."""
+    import httpx
+
+    port = _free_port()
+    log_path = log_dir / "server.log"
+    command = [
+        str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "32",
+        "--served-model-name", served_name, *args,
+    ]
+    full_env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", **(env or {}))
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"server exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"server did not start:\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
