@@ -88,10 +88,12 @@ def speak_word(word: str, voice: str = "en-us", rate: int = 160) -> np.ndarray:
     return sound
 
 
-def write_wav(path: Union[str, os.PathLike], samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+def write_wav(path, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
+    """16-bit WAV to a path or a writable binary file object."""
     import soundfile
 
-    soundfile.write(os.fspath(path), samples, sample_rate, subtype="PCM_16")
+    target = path if hasattr(path, "write") else os.fspath(path)
+    soundfile.write(target, samples, sample_rate, subtype="PCM_16", format="WAV")
 
 
 SENTENCES = [
@@ -201,16 +203,35 @@ def _save_atomically(path: Path, samples: np.ndarray) -> None:
 def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
     """|heard start - true start| per spoken word, inf for words the transcript lacks.
 
-    Spoken and heard words are paired by a longest-matching-blocks alignment of the lowercased,
-    punctuation-stripped words, so repeated words ("the ... the") pair with the right one.
+    Spoken and heard words (lowercased, punctuation stripped) are paired by a minimum edit-distance
+    alignment, so repeated phrases and repeated words pair with the right occurrence.
     """
-    import difflib
-
     spoken = [w.lower() for w in clip.words]
     heard = [w["word"].strip(" .,!?;:\"'").lower() for w in words]
     errors = np.full(len(spoken), np.inf)
-    matcher = difflib.SequenceMatcher(a=spoken, b=heard, autojunk=False)
-    for a, b, size in matcher.get_matching_blocks():
-        for k in range(size):
-            errors[a + k] = abs(words[b + k]["start"] - clip.starts[a + k])
+    for i, j in align_words(spoken, heard):
+        errors[i] = abs(words[j]["start"] - clip.starts[i])
     return errors
+
+
+def align_words(spoken: Sequence[str], heard: Sequence[str]) -> list[tuple[int, int]]:
+    """Index pairs of equal words on a minimum edit-distance (Levenshtein) path."""
+    n, m = len(spoken), len(heard)
+    cost = np.zeros((n + 1, m + 1), dtype=np.int32)
+    cost[:, 0] = np.arange(n + 1)
+    cost[0, :] = np.arange(m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            substitute = cost[i - 1, j - 1] + (spoken[i - 1] != heard[j - 1])
+            cost[i, j] = min(substitute, cost[i - 1, j] + 1, cost[i, j - 1] + 1)
+    pairs, i, j = [], n, m
+    while i > 0 and j > 0:
+        if cost[i, j] == cost[i - 1, j - 1] + (spoken[i - 1] != heard[j - 1]):
+            if spoken[i - 1] == heard[j - 1]:
+                pairs.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif cost[i, j] == cost[i - 1, j] + 1:
+            i -= 1
+        else:
+            j -= 1
+    return pairs[::-1]

@@ -112,7 +112,7 @@ def test_mixed_alignment_in_one_generate_call(aligner, clips):
 
 
 def test_long_audio_has_absolute_monotonic_times(aligner):
-    from speech import long_clip
+    from speech import long_clip, start_errors
 
     clip = long_clip(65.0)
     result = aligner.transcribe([clip.samples], word_timestamps=True)[0]
@@ -120,11 +120,10 @@ def test_long_audio_has_absolute_monotonic_times(aligner):
     assert result["duration"] > 60
     assert starts[-1] > 55, "words after the first window carry absolute times"
     assert np.all(np.diff(starts) >= 0)
-    heard = [w["word"].strip(" .,").lower() for w in result["words"]]
-    # No word lost or doubled at the joins: the count matches the words spoken (±2 misheard).
-    assert abs(len(heard) - len(clip.words)) <= 2, (len(heard), len(clip.words))
-    matched = sum(1 for w, s in zip(clip.words, clip.starts) if np.min(np.abs(starts - s)) <= 0.2)
-    assert matched / len(clip.words) >= 0.75
+    errors = start_errors(clip, result["words"])
+    # No word lost or doubled at the joins: nearly every spoken word is heard once, no extras.
+    assert np.isfinite(errors).mean() >= 0.85 and len(result["words"]) <= len(clip.words) + 3
+    assert (errors <= 0.2).mean() >= 0.75
 
 
 def test_store_is_empty_after_requests_and_aborts(aligner, clips):

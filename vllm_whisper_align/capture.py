@@ -24,7 +24,6 @@ import numpy as np
 import torch
 from vllm.logger import init_logger
 
-from vllm_whisper_align import timing
 from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
 
 if TYPE_CHECKING:
@@ -198,7 +197,9 @@ class AlignmentCapture:
             del self.parked[key]
 
     def fetch(self, requests: list[AlignmentRequest]) -> list[dict[str, Any]]:
-        """Alignment matrices for finished requests; frees everything kept for them.
+        """Cross-attention logits of finished requests; frees everything kept for them.
+
+        The normalisation and DTW run on the caller's side, off the engine's step loop.
 
         A request may be fetched before the worker has seen it finish (the client gets its tokens
         first), so live requests are parked on the spot.
@@ -209,7 +210,7 @@ class AlignmentCapture:
             if request.key in by_key:
                 self._park(by_key[request.key])
             parked = self.parked.pop(request.key, None)
-            results.append(_matrix_result(parked, request))
+            results.append(_qk_result(parked, request))
         return results
 
     def discard(self, keys: list[str]) -> int:
@@ -243,28 +244,16 @@ def _num_computed_tokens(scheduler_output: Any) -> dict[str, int]:
     return computed
 
 
-def _matrix_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, Any]:
+def _qk_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, Any]:
     if parked is None:
         return {"key": request.key, "error": "no alignment captured for this request (expired, "
                 "never asked for, or served by another engine)"}
     if parked.error is not None:
         return {"key": request.key, "error": parked.error}
     params = parked.params
-    text_start = params.text_row - params.sot_row
-    # The reference normalises over [sot, ..., text, eot]; rows past that (a step run after the
-    # request finished) are not part of it.
-    norm_stop = min(parked.qk.shape[1], text_start + request.num_text_tokens + 2)
-    dtw_stop = min(norm_stop, text_start + request.num_text_tokens + 1)
-    matrix = timing.alignment_matrix(
-        parked.qk[:, :norm_stop],
-        params.num_frames,
-        medfilt_width=params.medfilt_width,
-        qk_scale=params.qk_scale,
-    )[text_start:dtw_stop]
+    # The reference normalises over [sot…, no_timestamps, text, eot]; rows past that (a step the
+    # engine ran after the request finished) are not sent.
+    rows = min(parked.qk.shape[1], params.text_row - params.sot_row + request.num_text_tokens + 2)
+    cross_qk = np.ascontiguousarray(parked.qk[:, :rows], dtype=np.float32)
     # Raw bytes: the RPC's msgpack encoder would turn an ndarray into nested lists.
-    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
-    return {"key": request.key, "matrix": matrix.tobytes(), "shape": list(matrix.shape)}
-
-
-def matrix_from_result(result: dict[str, Any]) -> np.ndarray:
-    return np.frombuffer(result["matrix"], dtype=np.float32).reshape(result["shape"])
+    return {"key": request.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}

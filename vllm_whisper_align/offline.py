@@ -138,9 +138,7 @@ class WhisperAligner:
             start += len(plan.chunks)
         requests = [r for plan, outs in zip(plans, per_plan) for r in transcribe.alignment_requests(plan, outs)]
         results = self.fetch(requests)
-        for plan, outs in zip(plans, per_plan):
-            transcribe.attach_matrices(plan, outs, results)
-        return [transcribe.assemble(plan, outs, self.tokens) for plan, outs in zip(plans, per_plan)]
+        return [transcribe.finish(plan, outs, results, self.tokens) for plan, outs in zip(plans, per_plan)]
 
 
 def _samples(audio: AudioSource | np.ndarray) -> np.ndarray:

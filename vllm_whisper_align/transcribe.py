@@ -218,8 +218,7 @@ def alignment_requests(plan: Plan, outputs: Sequence[ChunkOutput]) -> list[Align
 
 
 def attach_matrices(plan: Plan, outputs: Sequence[ChunkOutput], results: Sequence[dict]) -> None:
-    from vllm_whisper_align.capture import matrix_from_result
-
+    """Turn the workers' cross-attention logits into each window's DTW matrix."""
     by_key = {r["key"]: r for r in results}
     for chunk, output in zip(plan.chunks, outputs):
         if chunk.alignment is None:
@@ -227,8 +226,25 @@ def attach_matrices(plan: Plan, outputs: Sequence[ChunkOutput], results: Sequenc
         result = by_key.get(chunk.alignment.key)
         if result is None or "error" in result:
             output.error = (result or {}).get("error", "no alignment returned")
-        else:
-            output.matrix = matrix_from_result(result)
+            continue
+        cross_qk = np.frombuffer(result["cross_qk"], dtype=np.float32).reshape(result["shape"])
+        output.matrix = text_alignment_matrix(cross_qk, chunk.alignment, len(output.token_ids))
+
+
+def text_alignment_matrix(cross_qk: np.ndarray, params: AlignmentParams, num_text_tokens: int) -> np.ndarray:
+    """Rows of the normalised matrix that predict the text tokens and eot (the DTW's input)."""
+    matrix = timing.alignment_matrix(
+        cross_qk, params.num_frames, medfilt_width=params.medfilt_width, qk_scale=params.qk_scale
+    )
+    text_start = params.text_row - params.sot_row
+    return matrix[text_start : text_start + num_text_tokens + 1]
+
+
+def finish(
+    plan: Plan, outputs: Sequence[ChunkOutput], results: Sequence[dict], tokens: WhisperTokens
+) -> dict[str, Any]:
+    attach_matrices(plan, outputs, results)
+    return assemble(plan, outputs, tokens)
 
 
 def assemble(plan: Plan, outputs: Sequence[ChunkOutput], tokens: WhisperTokens) -> dict[str, Any]:

@@ -1,0 +1,286 @@
+"""HTTP: multipart forms in, OpenAI-shaped JSON / text / SRT / VTT out, OpenAI error bodies on 400.
+
+The form is read by hand rather than through a pydantic model so that every mistake becomes a
+400 with a message naming the field (FastAPI would answer 422), and so that the official
+``openai`` client's ``timestamp_granularities[]`` repeated fields are understood.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.datastructures import UploadFile
+from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+from vllm.logger import init_logger
+from vllm.utils import random_uuid
+
+from vllm_whisper_align.audio import AudioError, decode_audio
+from vllm_whisper_align.formats import write_result
+from vllm_whisper_align.server.service import AlignmentService, RequestError
+
+logger = init_logger(__name__)
+
+router = APIRouter()
+
+RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+GRANULARITIES = ("word", "segment")
+# SamplingParams fields a transcription form may set, with their types.
+SAMPLING_FIELDS = {
+    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
+    "frequency_penalty": float, "presence_penalty": float, "repetition_penalty": float,
+    "max_completion_tokens": int,
+}
+
+FORM_SCHEMA = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "model": {"type": "string"},
+                        "language": {"type": "string"},
+                        "prompt": {"type": "string"},
+                        "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
+                        "timestamp_granularities[]": {
+                            "type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
+                        },
+                        "temperature": {"type": "number"},
+                        "stream": {"type": "boolean"},
+                    },
+                }
+            }
+        }
+    }
+}
+
+ALIGNMENT_SCHEMA = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "model": {"type": "string"},
+                        "text": {"type": "string", "description": "text spoken in the audio"},
+                        "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
+                        "language": {"type": "string"},
+                        "response_format": {"type": "string", "enum": ["json", "verbose_json", "srt", "vtt"]},
+                    },
+                }
+            }
+        }
+    }
+}
+
+
+def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def _service(request: Request) -> AlignmentService:
+    service = getattr(request.app.state, "whisper_align", None)
+    if service is None:
+        raise RequestError("word timestamps need an engine; this server has none", status=503)
+    return service
+
+
+async def _form(request: Request) -> Any:
+    try:
+        return await request.form()
+    except Exception as error:  # malformed multipart bodies raise assorted parser errors
+        raise RequestError(f"could not read the multipart form: {error}") from None
+
+
+async def _audio(form: Any, service: AlignmentService):
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
+    data = await upload.read()
+    if len(data) > service.limits.max_file_mb * 1024 * 1024:
+        raise RequestError(
+            f"file is {len(data) / 2**20:.1f} MB; at most {service.limits.max_file_mb:g} MB is accepted", "file"
+        )
+    if not data:
+        raise RequestError("`file` is empty", "file")
+    try:
+        return decode_audio(data)
+    except AudioError as error:
+        raise RequestError(str(error), "file") from None
+
+
+def _choice(form: Any, name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = form.get(name) or default
+    if value not in allowed:
+        raise RequestError(f"`{name}` must be one of {', '.join(allowed)}; got {value!r}", name)
+    return value
+
+
+def _granularities(form: Any) -> list[str]:
+    values = form.getlist("timestamp_granularities[]") + form.getlist("timestamp_granularities")
+    for value in values:
+        if value not in GRANULARITIES:
+            raise RequestError(
+                f"`timestamp_granularities[]` entries must be word or segment; got {value!r}",
+                "timestamp_granularities[]",
+            )
+    return list(dict.fromkeys(values))
+
+
+def _sampling(form: Any) -> dict[str, Any]:
+    sampling = {}
+    for name, kind in SAMPLING_FIELDS.items():
+        raw = form.get(name)
+        if raw in (None, ""):
+            continue
+        try:
+            sampling[name] = kind(raw)
+        except ValueError:
+            raise RequestError(f"`{name}` must be a number; got {raw!r}", name) from None
+    if "max_completion_tokens" in sampling:
+        sampling["max_tokens"] = sampling.pop("max_completion_tokens")
+    return sampling
+
+
+def _flag(form: Any, name: str) -> bool:
+    return str(form.get(name, "false")).lower() in ("1", "true", "yes")
+
+
+def _render(result: dict[str, Any], response_format: str, granularities: list[str]) -> Response:
+    if response_format == "verbose_json":
+        body = dict(result)
+        if "word" not in granularities:
+            body.pop("words", None)
+            body.pop("tokens", None)
+        if granularities and "segment" not in granularities:
+            body["segments"] = None
+        return JSONResponse(body)
+    if response_format == "json":
+        return JSONResponse({"text": result["text"]})
+    granularity = "word" if "word" in granularities else "segment"
+    text = write_result(result, response_format, granularity)
+    media = {"srt": "application/x-subrip", "vtt": "text/vtt"}.get(response_format, "text/plain")
+    return PlainTextResponse(text, media_type=media)
+
+
+async def _answer(raw_request: Request, handler, **kwargs) -> Response:
+    """Reads the form, then runs ``handler`` so that a client disconnect cancels it.
+
+    vLLM's ``with_cancellation`` listens on the request's receive channel, so the body must be
+    fully read before it starts.
+    """
+    try:
+        service = _service(raw_request)
+        form = await _form(raw_request)
+    except RequestError as error:
+        return error_response(error.message, error.param, error.status)
+    return await _cancellable(raw_request=raw_request, handler=handler, service=service, form=form, **kwargs)
+
+
+@with_cancellation
+async def _cancellable(raw_request: Request, handler, **kwargs) -> Response:
+    try:
+        return await handler(**kwargs)
+    except RequestError as error:
+        return error_response(error.message, error.param, error.status)
+
+
+async def _speech_to_text(service: AlignmentService, form: Any, task: str) -> Response:
+    service.check_model(form.get("model"))
+    response_format = _choice(form, "response_format", RESPONSE_FORMATS, "json")
+    granularities = _granularities(form)
+    if granularities and response_format != "verbose_json":
+        raise RequestError(
+            "`timestamp_granularities[]` requires `response_format=verbose_json`", "timestamp_granularities[]"
+        )
+    if _flag(form, "stream"):
+        raise RequestError(
+            "`stream=true` is not supported with word timestamps or this route's formats; "
+            "send the request without `stream`", "stream",
+        )
+    samples = await _audio(form, service)
+    result = await service.transcribe(
+        samples,
+        request_id=f"trsc-{random_uuid()}",
+        language=form.get("language") or None,
+        task=task,
+        # Segments without timestamp tokens come from word times, so every timed format aligns.
+        word_timestamps=response_format in ("verbose_json", "srt", "vtt"),
+        prompt=form.get("prompt") or None,
+        sampling=_sampling(form),
+    )
+    return _render(result, response_format, granularities)
+
+
+@router.post("/v1/audio/transcriptions", openapi_extra=FORM_SCHEMA)
+async def create_transcription(raw_request: Request):
+    """OpenAI's transcription API; ``verbose_json`` + ``timestamp_granularities[]=word`` fills ``words``.
+
+    Extension: ``verbose_json`` with word granularity also returns ``tokens`` (each token's id,
+    text, start, end and probability).
+    """
+    return await _answer(raw_request, _speech_to_text, task="transcribe")
+
+
+@router.post("/v1/audio/translations", openapi_extra=FORM_SCHEMA)
+async def create_translation(raw_request: Request):
+    """OpenAI's translation API (to English), with the same timestamp options as transcriptions."""
+    return await _answer(raw_request, _speech_to_text, task="translate")
+
+
+@router.get("/v1/audio/alignments/stats")
+async def alignment_stats(raw_request: Request):
+    """What the workers hold for word timestamps: live requests, unfetched results, bytes."""
+    try:
+        return JSONResponse(await _service(raw_request).stats())
+    except RequestError as error:
+        return error_response(error.message, error.param, error.status)
+
+
+@router.post("/v1/audio/alignments", openapi_extra=ALIGNMENT_SCHEMA)
+async def create_alignment(raw_request: Request):
+    """Forced alignment: when each word and token of the given ``text`` (or ``tokens``) is spoken.
+
+    Multipart fields: ``file``, ``model``, ``text`` or ``tokens`` (a JSON list of token ids),
+    optional ``language`` and ``response_format`` (json | verbose_json | srt | vtt; json gives
+    ``text``, ``words`` and ``tokens``).
+    """
+    return await _answer(raw_request, _alignment)
+
+
+async def _alignment(service: AlignmentService, form: Any) -> Response:
+    service.check_model(form.get("model"))
+    response_format = _choice(form, "response_format", ("json", "verbose_json", "srt", "vtt"), "json")
+    text, token_ids = form.get("text"), _token_ids(form.get("tokens"))
+    if (text is None) == (token_ids is None):
+        raise RequestError("give exactly one of `text` or `tokens`", "text")
+    samples = await _audio(form, service)
+    result = await service.align(
+        samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=token_ids,
+        language=form.get("language") or None,
+    )
+    if response_format == "json":
+        return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})
+    return _render(result, response_format, ["word", "segment"])
+
+
+def _token_ids(raw: str | None) -> list[int] | None:
+    if raw is None:
+        return None
+    try:
+        ids = json.loads(raw)
+    except json.JSONDecodeError:
+        raise RequestError("`tokens` must be a JSON list of integers", "tokens") from None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise RequestError("`tokens` must be a JSON list of integers", "tokens")
+    return ids
+
