@@ -34,51 +34,29 @@ SAMPLING_FIELDS = {
     "max_completion_tokens": int,
 }
 
-FORM_SCHEMA = {
-    "requestBody": {
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "model": {"type": "string"},
-                        "language": {"type": "string"},
-                        "prompt": {"type": "string"},
-                        "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
-                        "timestamp_granularities[]": {
-                            "type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
-                        },
-                        "temperature": {"type": "number"},
-                        "stream": {"type": "boolean"},
-                    },
-                }
-            }
-        }
-    }
-}
+def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI request body for a multipart form with a required audio ``file``."""
+    schema = {"type": "object", "required": ["file"], "properties": {"file": {"type": "string", "format": "binary"}, **properties}}
+    return {"requestBody": {"content": {"multipart/form-data": {"schema": schema}}}}
 
-ALIGNMENT_SCHEMA = {
-    "requestBody": {
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        "model": {"type": "string"},
-                        "text": {"type": "string", "description": "text spoken in the audio"},
-                        "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
-                        "language": {"type": "string"},
-                        "response_format": {"type": "string", "enum": ["json", "verbose_json", "srt", "vtt"]},
-                    },
-                }
-            }
-        }
-    }
-}
+
+FORM_SCHEMA = _multipart_schema({
+    "model": {"type": "string"},
+    "language": {"type": "string"},
+    "prompt": {"type": "string"},
+    "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}},
+    "temperature": {"type": "number"},
+    "stream": {"type": "boolean"},
+})
+
+ALIGNMENT_SCHEMA = _multipart_schema({
+    "model": {"type": "string"},
+    "text": {"type": "string", "description": "text spoken in the audio"},
+    "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
+    "language": {"type": "string"},
+    "response_format": {"type": "string", "enum": ["json", "verbose_json", "srt", "vtt"]},
+})
 
 
 def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
