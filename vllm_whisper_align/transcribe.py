@@ -2,7 +2,7 @@
 
 Engine-agnostic: the offline API (``LLM.generate``) and the HTTP server (``AsyncLLM``) both build
 their requests with :func:`plan_transcription` / :func:`plan_alignment` and turn what comes back
-into results with :func:`assemble`. Nothing here talks to an engine.
+into results with :func:`finish`. Nothing here talks to an engine.
 """
 
 from __future__ import annotations
