@@ -269,6 +269,20 @@ def test_disconnect_aborts_and_frees_capture(server):
     assert stats["tracked"] == 0 and stats["parked"] == 0, stats
 
 
+def test_stream_without_timestamps_is_vllms_own_stream(server):
+    clip = sentence_clips()[1]
+    with httpx.stream(
+        "POST", f"{server}/v1/audio/transcriptions",
+        files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
+        data={"model": "whisper-tiny.en", "stream": "true", "language": "en"}, timeout=300,
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+    deltas = [json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events if e != "[DONE]"]
+    assert "glass" in "".join(deltas).lower()
+
+
 def test_openapi_lists_alignment_route(server):
     schema = httpx.get(f"{server}/openapi.json", timeout=30).json()
     assert "/v1/audio/alignments" in schema["paths"]

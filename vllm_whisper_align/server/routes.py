@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm.logger import init_logger
@@ -167,12 +167,12 @@ async def _answer(raw_request: Request, handler, **kwargs) -> Response:
 @with_cancellation
 async def _cancellable(raw_request: Request, handler, **kwargs) -> Response:
     try:
-        return await handler(**kwargs)
+        return await handler(raw_request=raw_request, **kwargs)
     except RequestError as error:
         return error_response(error.message, error.param, error.status)
 
 
-async def _speech_to_text(service: AlignmentService, form: Any, task: str) -> Response:
+async def _speech_to_text(raw_request: Request, service: AlignmentService, form: Any, task: str) -> Response:
     service.check_model(form.get("model"))
     response_format = _choice(form, "response_format", RESPONSE_FORMATS, "json")
     granularities = _granularities(form)
@@ -181,10 +181,12 @@ async def _speech_to_text(service: AlignmentService, form: Any, task: str) -> Re
             "`timestamp_granularities[]` requires `response_format=verbose_json`", "timestamp_granularities[]"
         )
     if _flag(form, "stream"):
-        raise RequestError(
-            "`stream=true` is not supported with word timestamps or this route's formats; "
-            "send the request without `stream`", "stream",
-        )
+        if granularities or response_format not in ("json", "text"):
+            raise RequestError(
+                "`stream=true` cannot carry word or segment timestamps; send the request without "
+                "`stream`, or stream without `timestamp_granularities[]`", "stream",
+            )
+        return await _stream_with_vllm(raw_request, form, task)
     samples = await _audio(form, service)
     result = await service.transcribe(
         samples,
@@ -235,7 +237,7 @@ async def create_alignment(raw_request: Request):
     return await _answer(raw_request, _alignment)
 
 
-async def _alignment(service: AlignmentService, form: Any) -> Response:
+async def _alignment(raw_request: Request, service: AlignmentService, form: Any) -> Response:
     service.check_model(form.get("model"))
     response_format = _choice(form, "response_format", ("json", "verbose_json", "srt", "vtt"), "json")
     text, token_ids = form.get("text"), _token_ids(form.get("tokens"))
@@ -262,3 +264,32 @@ def _token_ids(raw: str | None) -> list[int] | None:
         raise RequestError("`tokens` must be a JSON list of integers", "tokens")
     return ids
 
+
+
+async def _stream_with_vllm(raw_request: Request, form: Any, task: str) -> Response:
+    """Streaming without timestamps is vLLM's own handler, exactly as without this plugin."""
+    from pydantic import ValidationError
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+    from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
+    from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
+
+    state = raw_request.app.state
+    if task == "transcribe":
+        handler, request_class = getattr(state, "openai_serving_transcription", None), TranscriptionRequest
+    else:
+        handler, request_class = getattr(state, "openai_serving_translation", None), TranslationRequest
+    upload = form.get("file")
+    if handler is None or not isinstance(upload, UploadFile):
+        raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
+    fields = {name: value for name, value in form.multi_items() if name != "file"}
+    try:
+        request = request_class(file=upload, **fields)
+    except ValidationError as error:
+        raise RequestError(f"invalid streaming request: {error.errors()[0].get('msg')}") from None
+    create = handler.create_transcription if task == "transcribe" else handler.create_translation
+    answer = await create(await upload.read(), request, raw_request)
+    if isinstance(answer, ErrorResponse):
+        return JSONResponse(answer.model_dump(), status_code=answer.error.code)
+    if hasattr(answer, "model_dump"):
+        return JSONResponse(answer.model_dump())
+    return StreamingResponse(answer, media_type="text/event-stream")
