@@ -17,4 +17,4 @@ demo: venv
 	.venv/bin/vllm-whisper-align transcribe vllm_whisper_align/assets/sample.flac --word-timestamps --format verbose_json
 
 bench: venv
-	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/run.py

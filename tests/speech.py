@@ -129,21 +129,23 @@ def _sentence_clips() -> tuple[SpokenClip, ...]:
 
 def long_clip(min_seconds: float = 65.0) -> SpokenClip:
     """Sentence clips back to back (repeating as needed) until at least `min_seconds` long."""
-    pieces, words, starts, ends, texts = [], [], [], [], []
-    position = 0
-    clips = sentence_clips()
-    index = 0
-    while position < min_seconds * SAMPLE_RATE:
-        clip = clips[index % len(clips)]
-        offset = position / SAMPLE_RATE
-        pieces.append(clip.samples)
+    clips, total = [], 0.0
+    while total < min_seconds:
+        clips.append(sentence_clips()[len(clips) % len(SENTENCES)])
+        total += clips[-1].duration
+    return concatenate_clips(clips)
+
+
+def concatenate_clips(clips: Sequence[SpokenClip]) -> SpokenClip:
+    """One clip of several back to back, with every word boundary shifted to its new offset."""
+    words, starts, ends, offset = [], [], [], 0.0
+    for clip in clips:
         words += clip.words
         starts += [offset + start for start in clip.starts]
         ends += [offset + end for end in clip.ends]
-        texts.append(clip.text)
-        position += len(clip.samples)
-        index += 1
-    return SpokenClip(np.concatenate(pieces), words, starts, ends, " ".join(texts))
+        offset += len(clip.samples) / SAMPLE_RATE
+    samples = np.concatenate([clip.samples for clip in clips])
+    return SpokenClip(samples, words, starts, ends, " ".join(clip.text for clip in clips))
 
 
 def _gap_list(gap_s: Union[float, Sequence[float]], num_words: int) -> list[float]:

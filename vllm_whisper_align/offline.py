@@ -51,6 +51,8 @@ class WhisperAligner:
         self.model = resolve_model(model)
         self.llm = LLM(**default_engine_args(self.model, **engine_args))
         self.tokens = WhisperTokens.from_tokenizer(self.llm.get_tokenizer())
+        generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
+        self.suppress_tokens = list(generation_config.get("suppress_tokens") or [])
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -69,7 +71,8 @@ class WhisperAligner:
         languages = self.detect_languages(samples) if language is None else [language] * len(samples)
         plans = [
             transcribe.plan_transcription(
-                s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt
+                s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt,
+                suppress_tokens=self.suppress_tokens,
             )
             for s, lang in zip(samples, languages)
         ]

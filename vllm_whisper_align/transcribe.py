@@ -22,6 +22,10 @@ from vllm_whisper_align.tokenizer import WhisperTokens
 # A new segment starts after a sentence end or a pause this long (no timestamp tokens are decoded).
 SEGMENT_PAUSE_S = 1.0
 SEGMENT_MAX_S = 15.0
+# Output tokens allowed per second of audio (plus a constant). Fast English is ~5-6 tokens/s, CJK ~8; without
+# timestamp tokens a repetition loop otherwise runs to the 448-token context and holds its batch.
+MAX_TOKENS_PER_SECOND = 12
+MAX_TOKENS_BASE = 16
 
 
 class AlignmentInputError(ValueError):
@@ -103,8 +107,14 @@ def plan_transcription(
     word_timestamps: bool = True,
     prompt: str | None = None,
     sampling: dict[str, Any] | None = None,
+    suppress_tokens: Sequence[int] = (),
 ) -> Plan:
-    """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (temperature, top_p…)."""
+    """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (temperature, top_p…).
+
+    ``suppress_tokens`` (generation_config's: non-speech symbols such as "[" and "♪") can never be
+    sampled, as in openai-whisper's decoding; without it tiny models answer music-like noise with
+    "[Music]" or "♪".
+    """
     language = "en" if tokens.is_english_only else language
     duration = len(samples) / SAMPLE_RATE
     prefix = []
@@ -124,7 +134,12 @@ def plan_transcription(
                 text_row=len(decoder_prompt) - 1,
             )
         options = {"temperature": 0.0, **(sampling or {})}
-        max_tokens = MAX_DECODER_TOKENS - len(decoder_prompt)
+        if suppress_tokens:
+            options["logit_bias"] = {**{t: -100.0 for t in suppress_tokens}, **(options.get("logit_bias") or {})}
+        max_tokens = min(
+            MAX_DECODER_TOKENS - len(decoder_prompt),
+            MAX_TOKENS_BASE + int(MAX_TOKENS_PER_SECOND * len(chunk.samples) / SAMPLE_RATE),
+        )
         options["max_tokens"] = min(options.get("max_tokens") or max_tokens, max_tokens)
         extra_args = options.pop("extra_args", None)
         if alignment is not None:

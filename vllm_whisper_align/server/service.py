@@ -52,6 +52,8 @@ class ServiceLimits:
 class AlignmentService:
     def __init__(self, engine_client, tokens: WhisperTokens, served_model_names: list[str], limits: ServiceLimits):
         self.engine_client = engine_client
+        generation_config = engine_client.model_config.try_get_generation_config()
+        self.suppress_tokens = list(generation_config.get("suppress_tokens") or [])
         self.tokens = tokens
         self.served_model_names = served_model_names
         self.limits = limits
@@ -101,6 +103,7 @@ class AlignmentService:
             plan = transcribe.plan_transcription(
                 samples, self.tokens, language=language, task=task,
                 word_timestamps=word_timestamps, prompt=prompt, sampling=sampling,
+                suppress_tokens=self.suppress_tokens,
             )
         except ValueError as error:
             raise RequestError(str(error), "language") from None

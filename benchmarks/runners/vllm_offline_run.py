@@ -1,0 +1,90 @@
+"""This project, offline: WhisperAligner (vllm.LLM) given every clip at once, max_num_seqs requests in
+flight. Same engine, same clips, word timestamps off and on in alternating rounds (so drift in machine
+load hits both alike); the medians give the throughput of each and the overhead of turning them on.
+Runs in the project's .venv.
+
+    .venv/bin/python benchmarks/runners/vllm_offline_run.py --manifest M --dtype float32 --rounds 3 --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import RssSampler, load_manifest, load_wav, log, run_record, write_output  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--model", default=None, help="HF dir (default: the bundled tiny.en)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model-name", default="tiny.en")
+    args = parser.parse_args()
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sampler = RssSampler().start()
+    from vllm_whisper_align.offline import WhisperAligner
+
+    t_start = time.perf_counter()
+    aligner = WhisperAligner(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs)
+    startup_s = time.perf_counter() - t_start
+    items = load_manifest(args.manifest)
+    samples = [load_wav(item["path"]) for item in items]
+    audio_s = round(sum(i["duration"] for i in items), 3)
+
+    def run(word_timestamps: bool):
+        t0 = time.perf_counter()
+        results = aligner.transcribe(samples, language="en", word_timestamps=word_timestamps)
+        return time.perf_counter() - t0, results
+
+    order = sorted(range(len(items)), key=lambda k: items[k]["duration"])
+    warm = [samples[k] for k in order[:4]]  # warm-up (the engine compiled at start): first requests, caches
+    aligner.transcribe(warm, language="en", word_timestamps=True)
+    aligner.transcribe(warm, language="en", word_timestamps=False)
+
+    walls = {False: [], True: []}
+    last = {}
+    for _ in range(args.rounds):
+        for flag in (False, True):
+            wall, results = run(flag)
+            walls[flag].append(wall)
+            last[flag] = results
+            log(f"offline {args.dtype} timestamps={'on' if flag else 'off'}: {audio_s / wall:.2f} audio s/wall s")
+    t_end = time.perf_counter()
+    sampler.stop()
+    dtype = str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", "")
+    runs = []
+    for flag in (True, False):
+        files = {
+            item["id"]: {"text": r.get("text", ""), "words": [
+                {k: w.get(k) for k in ("word", "start", "end", "probability")} for w in r.get("words") or []
+            ]}
+            for item, r in zip(items, last[flag])
+        }
+        median = statistics.median(walls[flag])
+        runs.append(run_record(
+            system="vllm-whisper-align (offline)", model=args.model_name, precision=dtype,
+            concurrency=args.max_num_seqs, mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
+            word_timestamps=flag, audio_s=audio_s, wall_s=round(median, 3),
+            round_walls_s=[round(w, 3) for w in walls[flag]], peak_rss_mib=sampler.peak_between(0, t_end), peak_pss_mib=sampler.peak_between(0, t_end, "pss"),
+            startup_s=round(startup_s, 1), files=files,
+        ))
+    on, off = statistics.median(walls[True]), statistics.median(walls[False])
+    overhead = round(100 * ((audio_s / off) - (audio_s / on)) / (audio_s / off), 2)
+    log(f"offline {dtype}: overhead of word timestamps {overhead}%")
+    write_output(args.out, "vllm-whisper-align (offline)", runs, overhead_pct=overhead,
+                 capture_stats=aligner.capture_stats())
+    aligner.llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    main()
