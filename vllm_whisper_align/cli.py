@@ -55,15 +55,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == ["serve"]:  # everything after the model goes to vLLM's server
-            args, engine_argv = parser.parse_known_args(argv)
+        if argv[:1] == ["serve"]:
+            # Everything but the optional MODEL goes to vLLM's server parser untouched: argparse
+            # would take an option's value (`--port 8000`) for MODEL.
+            model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
+            return _serve(model, argv[2:] if model else argv[1:])
         else:
             own_argv, engine_argv = _split_engine_options(argv, _own_options(parser))
             args = parser.parse_args(own_argv)
         if args.command == "convert-ct2":
             return _convert(args)
-        if args.command == "serve":
-            return _serve(args, engine_argv)
         engine_args = _engine_args(engine_argv)
         if args.command == "transcribe":
             return _transcribe(args, engine_args)
@@ -215,10 +216,10 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace, server_argv: list[str]) -> int:
+def _serve(model_name: str | None, server_argv: list[str]) -> int:
     from vllm_whisper_align.models import resolve_model
 
-    model = resolve_model(args.model)
+    model = resolve_model(model_name)
     defaults = _serve_defaults(server_argv)
     env = dict(os.environ)
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
