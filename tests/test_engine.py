@@ -111,6 +111,24 @@ def test_mixed_alignment_in_one_generate_call(aligner, clips):
     assert aligner.capture_stats()["tracked"] == 0
 
 
+def test_more_requests_than_max_num_seqs(aligner, clips):
+    """Several times max_num_seqs aligned requests in one call: once the batch is full, a step
+    admits a new request while the one it replaces is only reported finished in that same step,
+    so more requests than max_num_seqs hold capture state at once. Every one gets its words."""
+    max_num_seqs = aligner.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
+    repeats = -(-3 * max_num_seqs // len(clips))
+    samples = [c.samples for c in clips] * repeats
+    results = aligner.transcribe(samples, word_timestamps=True)
+    assert len(samples) > 2 * max_num_seqs
+    for i, result in enumerate(results):
+        first = results[i % len(clips)]
+        assert result["text"] == first["text"] and result["words"], i
+        np.testing.assert_allclose(word_starts(result), word_starts(first), atol=0.02 + 1e-6)
+    stats = aligner.capture_stats()
+    assert stats["tracked"] == 0 and stats["parked"] == 0, stats
+    assert stats["slots"] <= 2 * max_num_seqs, stats
+
+
 def test_long_audio_has_absolute_monotonic_times(aligner):
     from speech import long_clip, start_errors
 

@@ -84,10 +84,13 @@ class AlignmentCapture:
 
     # ---- slots -------------------------------------------------------------------------------
 
-    def _grow(self) -> None:
-        new_slots = min(self.max_requests, max(4, 2 * self.num_slots))
+    def _grow(self) -> bool:
+        # A finished request holds its slot until the next step reports it, while that step may
+        # already admit its successor: max_num_seqs + 1 can be alive at once. Twice max_num_seqs is
+        # headroom; the pool only grows as far as it is used.
+        new_slots = min(2 * self.max_requests, max(4, 2 * self.num_slots))
         if new_slots <= self.num_slots:
-            raise RuntimeError("no free alignment slot (more aligned requests than max_num_seqs)")
+            return False
         q_slots, k_slots = [], []
         for index, layer in enumerate(self.layers):
             like = layer.captured_q
@@ -102,30 +105,40 @@ class AlignmentCapture:
         self.q_slots, self.k_slots = q_slots, k_slots
         self.free_slots.extend(range(new_slots - 1, self.num_slots - 1, -1))
         self.num_slots = new_slots
+        return True
 
-    def _take_slot(self) -> int:
-        if not self.free_slots:
-            self._grow()
+    def _take_slot(self) -> int | None:
+        if not self.free_slots and not self._grow():
+            return None
         return self.free_slots.pop()
 
     # ---- per step ----------------------------------------------------------------------------
 
     def after_step(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
+        # Requests reported finished ended in an earlier step: their rows are complete, and their
+        # slots must be free before this step's new requests take one.
+        for req_id in scheduler_output.finished_req_ids:
+            if req_id in self.tracked:
+                self._park(req_id)
         self._track_new_requests(scheduler_output)
         if self.tracked and scheduler_output.total_num_scheduled_tokens:
             self._copy_keys(scheduler_output)
             self._copy_queries(scheduler_output, batch_req_ids)
-        for req_id in scheduler_output.finished_req_ids:
-            if req_id in self.tracked:
-                self._park(req_id)
         self._expire_parked()
 
     def _track_new_requests(self, scheduler_output: Any) -> None:
         for new_request in scheduler_output.scheduled_new_reqs:
             sampling_params = new_request.sampling_params
             params = AlignmentParams.from_extra_args(sampling_params and sampling_params.extra_args)
-            if params is not None and new_request.req_id not in self.tracked:
-                self.tracked[new_request.req_id] = _Tracked(params, self._take_slot())
+            if params is None or new_request.req_id in self.tracked:
+                continue
+            slot = self._take_slot()
+            if slot is None:
+                # Never raise here: an exception in the step hook kills the engine for everyone.
+                logger.error("No free capture slot for request %s; it gets no word timings", new_request.req_id)
+                self.parked[params.key] = _Parked(params, None, time.monotonic(), "no free capture slot")
+                continue
+            self.tracked[new_request.req_id] = _Tracked(params, slot)
 
     def _copy_keys(self, scheduler_output: Any) -> None:
         row = 0
@@ -186,6 +199,14 @@ class AlignmentCapture:
         self.free_slots.append(entry.slot)
         self.parked[entry.params.key] = _Parked(entry.params, qk, time.monotonic(), error)
         self.parked.move_to_end(entry.params.key)
+
+    def fail_all(self, error: str) -> None:
+        """Give every tracked request an error result and free all slots."""
+        now = time.monotonic()
+        for entry in self.tracked.values():
+            self.parked[entry.params.key] = _Parked(entry.params, None, now, error)
+        self.tracked.clear()
+        self.free_slots = list(range(self.num_slots - 1, -1, -1))
 
     def _expire_parked(self) -> None:
         now = time.monotonic()

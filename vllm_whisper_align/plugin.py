@@ -42,7 +42,11 @@ def _install_worker_methods() -> None:
         output = execute_model(self, scheduler_output, *args, **kwargs)
         capture = alignment_capture_of(self)
         if capture is not None:
-            capture.after_step(scheduler_output, _batch_req_ids(self.worker.model_runner))
+            try:
+                capture.after_step(scheduler_output, _batch_req_ids(self.worker.model_runner))
+            except Exception as error:  # a capture bug must cost word timings, not the engine
+                logger.exception("Word-timestamp capture failed; dropping the requests in flight")
+                capture.fail_all(f"capture failed: {error}")
         return output
 
     WorkerWrapperBase.execute_model = execute_model_with_capture
