@@ -39,21 +39,26 @@ def shortest(items: list[dict[str, Any]]) -> str:
 
 
 class RssSampler:
-    """Samples the summed RSS (and PSS) of a process and all its descendants every `interval` s.
+    """Samples the summed RSS (and PSS) of a process and all its descendants.
 
     `peak_between(t0, t1)` gives the peak (MiB) of the samples taken in a time window, so one
     process can report a peak per pass. Summing RSS counts pages shared between processes once per
     process (vLLM runs an API server and an engine core): an upper bound on what the tree uses.
     PSS splits each shared page between the processes that map it, so its sum does not double count.
+
+    RSS is read every `interval` s (statm: microseconds). PSS only every `pss_interval` s: it walks
+    the page tables (smaps_rollup), which took 115 ms per call on a vLLM worker, so sampling it every
+    0.2 s stole about a third of a core from the system being measured.
     """
 
-    def __init__(self, pid: int | None = None, interval: float = 0.2):
+    def __init__(self, pid: int | None = None, interval: float = 0.2, pss_interval: float = 10.0):
         import psutil
 
         self._psutil = psutil
         self.pid = os.getpid() if pid is None else pid
         self.interval = interval
-        self.samples: list[tuple[float, float, float]] = []  # (time, rss MiB, pss MiB)
+        self.pss_interval = pss_interval
+        self.samples: list[tuple[float, float, float | None]] = []  # (time, rss MiB, pss MiB or None)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -64,18 +69,23 @@ class RssSampler:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        rss, pss = self.sample(with_pss=True)  # one PSS reading at the end of every window
+        self.samples.append((time.perf_counter(), rss, pss))
 
-    def sample(self) -> tuple[float, float]:
+    def _tree(self) -> list:
         psutil = self._psutil
         try:
             root = psutil.Process(self.pid)
-            procs = [root] + root.children(recursive=True)
+            return [root] + root.children(recursive=True)
         except psutil.Error:
-            return 0.0, 0.0
+            return []
+
+    def sample(self, with_pss: bool) -> tuple[float, float | None]:
+        psutil = self._psutil
         rss = pss = 0
-        for proc in procs:
+        for proc in self._tree():
             try:
-                info = proc.memory_full_info()
+                info = proc.memory_full_info() if with_pss else proc.memory_info()
                 rss += info.rss
                 pss += getattr(info, "pss", info.rss)
             except psutil.AccessDenied:
@@ -87,17 +97,22 @@ class RssSampler:
                     pass
             except psutil.Error:
                 pass
-        return rss / 2**20, pss / 2**20
+        return rss / 2**20, (pss / 2**20 if with_pss else None)
 
     def _loop(self) -> None:
+        last_pss = float("-inf")
         while not self._stop.is_set():
-            rss, pss = self.sample()
+            now = time.perf_counter()
+            with_pss = now - last_pss >= self.pss_interval
+            if with_pss:
+                last_pss = now
+            rss, pss = self.sample(with_pss)
             self.samples.append((time.perf_counter(), rss, pss))
             self._stop.wait(self.interval)
 
     def peak_between(self, t0: float, t1: float, kind: str = "rss") -> float | None:
         column = 1 if kind == "rss" else 2
-        values = [s[column] for s in self.samples if t0 <= s[0] <= t1]
+        values = [s[column] for s in self.samples if t0 <= s[0] <= t1 and s[column] is not None]
         return round(max(values), 1) if values else None
 
     def peak(self, kind: str = "rss") -> float | None:
@@ -166,3 +181,20 @@ def write_output(path: str | os.PathLike, system: str, runs: list[dict[str, Any]
 
 def log(*parts: Any) -> None:
     print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
+
+
+# Variants of this project's engine, named like dtypes in --dtypes: "<dtype>" or "<dtype>+int8enc"
+# (encoder linear layers in int8, see vllm_whisper_align.quantization).
+INT8_ENCODER_SUFFIX = "+int8enc"
+
+
+def engine_variant(name: str) -> tuple[str, dict]:
+    """'float32+int8enc' -> ('float32', {'whisper_align': {'encoder_int8': True}}) for --additional-config."""
+    dtype, int8_encoder = name.removesuffix(INT8_ENCODER_SUFFIX), name.endswith(INT8_ENCODER_SUFFIX)
+    return dtype, ({"whisper_align": {"encoder_int8": True}} if int8_encoder else {})
+
+
+def precision_label(dtype: str, additional_config: dict) -> str:
+    if additional_config.get("whisper_align", {}).get("encoder_int8"):
+        return f"{dtype}, encoder linears int8"
+    return dtype

@@ -118,7 +118,7 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
                  "--out", str(parts / f"faster-whisper-{ct}.json")])
                 for ct in args.faster_compute_types.split(",")]
     if system == "transformers":
-        levels = "8" if quick else "1,8"
+        levels = "8" if quick else args.transformers_batch_sizes
         return [("transformers", [str(envs.python_of("transformers")), str(runners / "transformers_run.py"),
                  *common, "--model", weights["hf_dir"], "--batch-sizes", levels,
                  *(["--max-new-tokens", str(args.transformers_max_new_tokens)] if args.transformers_max_new_tokens else []),
@@ -401,7 +401,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "audio duration / wall time of the pass (model loading and warm-up excluded). *p50/p95 lat.* = per "
         "request (HTTP: send to response; faster-whisper and openai-whisper: per file; transformers: the "
         "file's batch); offline has none. *peak RSS* = summed RSS of the process tree, sampled every 0.2 s "
-        "from start to the end of the pass; *peak PSS* the same with shared pages split between processes. "
+        "from start to the end of the pass; *peak PSS* the same with shared pages split between processes, "
+        "sampled every 10 s (reading it walks the page tables: 0.1 s per call on a vLLM worker). "
         "*start/end MAE* (and the median |start error|) over words heard and paired with a spoken word; "
         "*≤X ms %* = share of ALL spoken words whose heard start is within X ms (unheard words are misses). "
         "*ref ≤X ms %* = share of words heard by both this system and openai-whisper whose starts differ by "
@@ -454,11 +455,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
-    parser.add_argument("--dtypes", default="float32,bfloat16", help="offline runs of this project")
-    parser.add_argument("--http-dtypes", default="float32", help="HTTP runs of this project")
+    parser.add_argument("--dtypes", default="float32,float32+int8enc",
+                        help="offline runs of this project: dtypes, each optionally +int8enc (encoder linears in "
+                             "int8); bfloat16 is only worth it on CPUs with native bf16")
+    parser.add_argument("--http-dtypes", default="float32,float32+int8enc", help="HTTP runs of this project")
     parser.add_argument("--http-concurrency", default="1,8,32")
     parser.add_argument("--faster-compute-types", default="int8,float32")
     parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser.add_argument("--transformers-batch-sizes", default="8",
+                        help="transformers pipeline batch sizes (1,8 adds ~25 min: it does ~0.5 audio s / wall s)")
     parser.add_argument("--transformers-max-new-tokens", type=int, default=0,
                         help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)")
     parser.add_argument("--rounds", type=int, default=None, help="offline off/on rounds (default 3, quick 1)")

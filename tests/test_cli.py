@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from speech import sentence_clips, start_errors, write_wav
+from vllm_whisper_align.quantization import encoder_int8_supported
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
 ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]
@@ -50,6 +51,30 @@ def test_transcribe_files_with_words_and_bad_inputs(audio_files, tmp_path):
     for path, clip in zip(paths, clips):
         output = json.loads((tmp_path / f"{path.stem}.json").read_text())
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
+
+
+@pytest.mark.skipif(not encoder_int8_supported()[0], reason=encoder_int8_supported()[1])
+def test_int8_encoder_option(audio_files, tmp_path):
+    """--additional-config's encoder_int8 through the CLI: same words, timings still near the truth."""
+    folder, paths, clips = audio_files
+    result = run_cli(
+        "transcribe", *map(str, paths), "--word-timestamps", "--format", "verbose_json",
+        "--output-dir", str(tmp_path), *ENGINE_OPTIONS,
+        "--additional-config", json.dumps({"whisper_align": {"encoder_int8": True}}),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for path, clip in zip(paths, clips):
+        output = json.loads((tmp_path / f"{path.stem}.json").read_text())
+        assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
+
+
+def test_unknown_plugin_option_is_one_line_error(audio_files):
+    folder, paths, clips = audio_files
+    result = run_cli("transcribe", str(paths[0]), *ENGINE_OPTIONS,
+                     "--additional-config", json.dumps({"whisper_align": {"no_such_option": 1}}), timeout=600)
+    assert result.returncode != 0
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "no_such_option" in errors[0], result.stderr[-3000:]
 
 
 def test_missing_file_alone_fails_fast_with_one_line(tmp_path):

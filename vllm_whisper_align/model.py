@@ -9,7 +9,7 @@ also forms Q·Kᵀ for the requests that asked for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 from vllm.config import VllmConfig
@@ -21,7 +21,8 @@ from vllm.model_executor.models.whisper import (
     WhisperForConditionalGeneration,
 )
 
-from vllm_whisper_align.capture import AlignmentCapture
+from vllm_whisper_align.capture import MAX_PARKED, RESULT_TTL_S, AlignmentCapture
+from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
 
 logger = init_logger(__name__)
 
@@ -137,6 +138,11 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
         generation_config = vllm_config.model_config.try_get_generation_config()
+        self.align_config = WhisperAlignConfig.from_vllm_config(vllm_config)
+        if self.align_config.encoder_int8:
+            supported, why = encoder_int8_supported()
+            if not supported:
+                raise ValueError(f"whisper_align.encoder_int8: {why}")
         self.alignment_heads = resolve_alignment_heads(
             getattr(config, "alignment_heads", None),
             generation_config.get("alignment_heads"),
@@ -149,6 +155,13 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             logger.warning("Word timestamps are disabled under tensor parallelism (TP > 1).")
             return
         self._install_capture(vllm_config)
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        if self.align_config.encoder_int8:
+            swapped = quantize_encoder_linears(self.model.encoder)
+            logger.info("Encoder: %d linear layers in int8 (dynamic per-token activations)", swapped)
+        return loaded
 
     def _install_capture(self, vllm_config: VllmConfig) -> None:
         scheduler_config = vllm_config.scheduler_config
@@ -169,7 +182,8 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             max_decoder_rows=config.max_target_positions,
             encoder_rows=encoder_rows,
             max_requests=scheduler_config.max_num_seqs,
-            **_capture_options(vllm_config),
+            result_ttl_s=self.align_config.result_ttl_s,
+            max_parked=self.align_config.max_parked,
         )
         logger.info(
             "Word timestamps: capturing %d alignment heads (%s) in %d decoder layers",
@@ -177,10 +191,27 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         )
 
 
-def _capture_options(vllm_config: VllmConfig) -> dict:
-    """``--additional-config '{"whisper_align": {"result_ttl_s": 60, "max_parked": 1024}}'``."""
-    options = (vllm_config.additional_config or {}).get("whisper_align", {})
-    unknown = set(options) - {"result_ttl_s", "max_parked"}
-    if unknown:
-        raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}")
-    return dict(options)
+@dataclass
+class WhisperAlignConfig:
+    """``--additional-config '{"whisper_align": {...}}'``: engine-side options of the plugin."""
+
+    # How long (s) and how many finished requests' matrices wait in host memory for their fetch.
+    result_ttl_s: float = RESULT_TTL_S
+    max_parked: int = MAX_PARKED
+    # Encoder linear layers in int8 (CPU only; see vllm_whisper_align.quantization).
+    encoder_int8: bool = False
+
+    @classmethod
+    def from_additional_config(cls, additional_config: dict | None) -> "WhisperAlignConfig":
+        options = (additional_config or {}).get("whisper_align") or {}
+        if not isinstance(options, dict):
+            raise ValueError("additional_config's whisper_align must be an object of options")
+        unknown = set(options) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}; "
+                             f"known: {[f.name for f in fields(cls)]}")
+        return cls(**options)
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: VllmConfig) -> "WhisperAlignConfig":
+        return cls.from_additional_config(vllm_config.additional_config)

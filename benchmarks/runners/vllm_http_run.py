@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -20,7 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, log, run_record, word_dicts, write_output  # noqa: E402
+from common import (  # noqa: E402
+    RssSampler, engine_variant, load_manifest, log, precision_label, run_record, word_dicts, write_output,
+)
 
 SERVED_NAME = "whisper-tiny.en"
 
@@ -31,10 +34,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str | None, dtype: str, max_num_seqs: int, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "vllm-whisper-align"
+    dtype, additional_config = engine_variant(variant)
     command = [str(exe), "serve", *([model] if model else []), "--host", "127.0.0.1", "--port", str(port),
                "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", SERVED_NAME]
+    if additional_config:
+        command += ["--additional-config", json.dumps(additional_config)]
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--model", default=None, help="HF dir (default: the bundled tiny.en)")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--off-concurrency", type=int, default=None, help="default: the highest --concurrency")
@@ -140,7 +146,7 @@ def main() -> None:
                 wall, files = await one_pass(client, model_id, items, blobs, level, flag)
                 t_end = time.perf_counter()
                 runs.append(run_record(
-                    system="vllm-whisper-align (HTTP)", model=args.model_name, precision=args.dtype,
+                    system="vllm-whisper-align (HTTP)", model=args.model_name, precision=precision_label(*engine_variant(args.dtype)),
                     concurrency=level, mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
                     word_timestamps=flag, audio_s=audio_s, wall_s=round(wall, 3),
                     latencies_s=[files[i["id"]]["latency_s"] for i in items],

@@ -16,14 +16,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, load_wav, log, run_record, write_output  # noqa: E402
+from common import (  # noqa: E402
+    RssSampler, engine_variant, load_manifest, load_wav, log, precision_label, run_record, write_output,
+)  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifest", required=True)
     parser.add_argument("--model", default=None, help="HF dir (default: the bundled tiny.en)")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", required=True)
@@ -35,7 +37,9 @@ def main() -> None:
     from vllm_whisper_align.offline import WhisperAligner
 
     t_start = time.perf_counter()
-    aligner = WhisperAligner(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs)
+    dtype, additional_config = engine_variant(args.dtype)
+    aligner = WhisperAligner(args.model, dtype=dtype, max_num_seqs=args.max_num_seqs,
+                             additional_config=additional_config or None)
     startup_s = time.perf_counter() - t_start
     items = load_manifest(args.manifest)
     samples = [load_wav(item["path"]) for item in items]
@@ -61,7 +65,7 @@ def main() -> None:
             log(f"offline {args.dtype} timestamps={'on' if flag else 'off'}: {audio_s / wall:.2f} audio s/wall s")
     t_end = time.perf_counter()
     sampler.stop()
-    dtype = str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", "")
+    dtype = precision_label(str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", ""), additional_config)
     runs = []
     for flag in (True, False):
         files = {
@@ -75,7 +79,7 @@ def main() -> None:
             system="vllm-whisper-align (offline)", model=args.model_name, precision=dtype,
             concurrency=args.max_num_seqs, mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
             word_timestamps=flag, audio_s=audio_s, wall_s=round(median, 3),
-            round_walls_s=[round(w, 3) for w in walls[flag]], peak_rss_mib=sampler.peak_between(0, t_end), peak_pss_mib=sampler.peak_between(0, t_end, "pss"),
+            round_walls_s=[round(w, 3) for w in walls[flag]], peak_rss_mib=sampler.peak(), peak_pss_mib=sampler.peak("pss"),
             startup_s=round(startup_s, 1), files=files,
         ))
     on, off = statistics.median(walls[True]), statistics.median(walls[False])
