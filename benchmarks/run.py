@@ -370,6 +370,33 @@ def comparisons(rows: list[dict]) -> list[str]:
     return lines
 
 
+def memory_per_request(rows: list[dict]) -> list[str]:
+    """Our HTTP server's peak RSS at each concurrency, and the slope per extra request in flight."""
+    lines = []
+    by_variant: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["system"] == "vllm-whisper-align (HTTP)" and r.get("word_timestamps", True) and r.get("peak_rss_mib"):
+            by_variant.setdefault(r["precision"], []).append(r)
+    for precision, variant in by_variant.items():
+        variant.sort(key=lambda r: r["concurrency"])
+        low, high = variant[0], variant[-1]
+        points = ", ".join(f"c={r['concurrency']}: {r['peak_rss_mib']:.0f} MiB" for r in variant)
+        line = f"- HTTP {precision}: peak RSS {points}"
+        if high["concurrency"] > low["concurrency"]:
+            slope = (high["peak_rss_mib"] - low["peak_rss_mib"]) / (high["concurrency"] - low["concurrency"])
+            line += f"; {slope:.1f} MiB per extra request in flight"
+        lines.append(line + ".")
+    if not lines:
+        return []
+    return ["## Memory per concurrent request", "", *lines, "",
+            "vLLM reserves its KV cache up front (`VLLM_CPU_KVCACHE_SPACE`, 2 GiB here), so requests in flight "
+            "fill memory that is already counted. For tiny.en in float32 a request needs about 18 MiB of "
+            "cross-attention KV (1500 frames × 4 layers × K and V × 384 × 4 bytes), a few MiB of self-attention "
+            "KV (up to 5 MiB at 448 tokens), and, with word timestamps, a capture slot of about 4 MiB outside the "
+            "KV cache (8 alignment heads' keys over 1500 frames, 3 MiB, and their queries over 448 rows). The "
+            "2 GiB reservation holds about 90 such requests.", ""]
+
+
 def _produced_by(result: dict) -> list[str]:
     """When some systems' raw outputs come from another invocation (--systems / --report-only), say which."""
     other = {s: c for s, c in (result.get("raw_outputs_by") or {}).items() if c and c != result["command"]}
@@ -395,6 +422,9 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         f"({result['audio']['over_30s']} over 30 s); voices en-us, en-gb, en-us+f3, en-us+m3, 140–190 wpm, "
         "some with white noise at -45/-35 dBFS; every word's true start/end is known to the sample "
         "(`benchmarks/audio.py`).",
+        "- What each tuning change gave (thread binding, the int8 encoder, the benchmark's own sampler): "
+        "[TUNING.md](TUNING.md). Variants named `+int8enc` run the encoder's linear layers in int8 "
+        "(`--additional-config '{\"whisper_align\": {\"encoder_int8\": true}}'`).",
         "", "## Results", "", _table(rows), "",
         "Columns: *conc.* = requests in flight (HTTP: client semaphore; faster-whisper: threads; transformers: "
         "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = total "
@@ -415,6 +445,7 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         for key, value in over.items():
             lines.append(f"- {key}: {value:.1f}%" if value is not None else f"- {key}: –")
         lines.append("")
+    lines += memory_per_request(rows)
     lines += ["## Ours vs each peer", ""]
     lines += comparisons(rows) or ["(not enough rows to compare)"]
     lines += [""]
