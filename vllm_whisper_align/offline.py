@@ -55,8 +55,8 @@ def set_cpu_environment(single_worker: bool) -> None:
 
     vLLM binds the model's OpenMP threads to all cores but one, which it leaves to its scheduler and
     API processes. Those mostly wait on the model, so on a small machine the reserved core is lost:
-    on 2 cores, binding both took offline throughput from 9.4 to 14.2 audio-s per wall-s
-    (benchmarks/RESULTS.md). With more workers (TP/PP/DP) vLLM needs one list per worker: left alone.
+    on 2 cores, binding both took offline throughput from 9.4 to 15.1 audio-s per wall-s
+    (benchmarks/TUNING.md). With more workers (TP/PP/DP) vLLM needs one list per worker: left alone.
     """
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     cores = sorted(os.sched_getaffinity(0))

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import torch
 from vllm import _custom_ops as ops
-from vllm.logger import init_logger
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.platforms import current_platform
-
-logger = init_logger(__name__)
 
 WEIGHT_QMAX = 63
 
