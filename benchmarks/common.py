@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -198,3 +199,16 @@ def precision_label(dtype: str, additional_config: dict) -> str:
     if additional_config.get("whisper_align", {}).get("encoder_int8"):
         return f"{dtype}, encoder linears int8"
     return dtype
+
+
+def runner_parser(model_help: str, model_required: bool = True, engine: bool = False) -> argparse.ArgumentParser:
+    """The options every runner takes; ``engine`` adds this project's engine variant and batch size."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--manifest", required=True)
+    parser.add_argument("--model", required=model_required, default=None, help=model_help)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model-name", default="tiny.en")
+    if engine:
+        parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
+        parser.add_argument("--max-num-seqs", type=int, default=32)
+    return parser

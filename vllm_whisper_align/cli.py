@@ -234,12 +234,12 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 def _serve_defaults(server_argv: list[str]) -> list[str]:
     from vllm.platforms import current_platform
 
-    from vllm_whisper_align.offline import set_cpu_environment
+    from vllm_whisper_align.offline import PARALLEL_SIZE_ARGS, set_cpu_environment
 
     defaults = []
     if current_platform.is_cpu():
-        parallel_flags = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
-                          "--data-parallel-size", "-dp")
+        long_flags = ["--" + name.replace("_", "-") for name in PARALLEL_SIZE_ARGS]
+        parallel_flags = {*long_flags, "-tp", "-pp", "-dp"}
         set_cpu_environment(single_worker=not any(a.split("=")[0] in parallel_flags for a in server_argv))
         if not any(a.startswith("--gpu-memory-utilization") for a in server_argv):
             defaults += ["--gpu-memory-utilization", "0.5"]

@@ -74,8 +74,7 @@ class WhisperAligner:
         self.model = resolve_model(model)
         self.llm = LLM(**default_engine_args(self.model, **engine_args))
         self.tokens = WhisperTokens.from_tokenizer(self.llm.get_tokenizer())
-        generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
-        self.suppress_tokens = list(generation_config.get("suppress_tokens") or [])
+        self.suppress_tokens = transcribe.suppressed_tokens(self.llm.llm_engine.model_config)
 
     # ---- public API --------------------------------------------------------------------------
 

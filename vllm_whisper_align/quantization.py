@@ -66,7 +66,7 @@ def quantize_encoder_linears(encoder: torch.nn.Module) -> int:
     Returns the number of layers swapped. The float weight is freed: the handler holds a packed copy.
     """
     swapped = 0
-    for name, module in encoder.named_modules():
+    for module in encoder.modules():
         if not isinstance(module, LinearBase):
             continue
         module.quant_method = Int8DynamicLinear(module.weight.data, module.weight.dtype)

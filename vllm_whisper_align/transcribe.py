@@ -28,6 +28,11 @@ MAX_TOKENS_PER_SECOND = 12
 MAX_TOKENS_BASE = 16
 
 
+def suppressed_tokens(model_config) -> list[int]:
+    """generation_config's ``suppress_tokens`` of a vLLM ``ModelConfig`` (for ``plan_transcription``)."""
+    return list(model_config.try_get_generation_config().get("suppress_tokens") or [])
+
+
 class AlignmentInputError(ValueError):
     """Text or token ids that cannot be aligned (too long, out of vocabulary, empty audio)."""
 

@@ -8,25 +8,20 @@ Runs in benchmarks/.venvs/faster-whisper.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
+from common import RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--model", required=True, help="CTranslate2 Whisper dir")
+    parser = runner_parser("CTranslate2 Whisper dir")
     parser.add_argument("--compute-type", default="int8")
     parser.add_argument("--concurrency", default="1,2")
     parser.add_argument("--cpu-threads", type=int, default=2)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--model-name", default="tiny.en")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 

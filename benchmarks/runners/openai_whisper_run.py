@@ -6,23 +6,18 @@ at a time (it has no batching). Runs in benchmarks/.venvs/openai-whisper.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
+from common import RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--model", required=True, help="openai-whisper checkpoint (.pt)")
+    parser = runner_parser("openai-whisper checkpoint (.pt)")
     parser.add_argument("--hf-dir", required=True, help="HF dir whose generation_config.json has alignment_heads")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--model-name", default="tiny.en")
     args = parser.parse_args()
 
     sampler = RssSampler().start()

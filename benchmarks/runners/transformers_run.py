@@ -8,22 +8,17 @@ Runs in benchmarks/.venvs/transformers.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, shortest, load_wav, log, run_record, self_maxrss_mib, write_output  # noqa: E402
+from common import RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib, write_output  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--model", required=True, help="HF Whisper dir")
+    parser = runner_parser("HF Whisper dir")
     parser.add_argument("--batch-sizes", default="1,8")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--model-name", default="tiny.en")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="cap per 30 s window (default: the ASR pipeline's own, 256 new tokens)")
     args = parser.parse_args()

@@ -9,7 +9,6 @@ core), sampled every 0.2 s from its start to the end of each pass. Runs in the p
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, engine_variant, load_manifest, log, precision_label, run_record, word_dicts, write_output,
+    RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label, run_record, word_dicts, write_output,
 )
 
 SERVED_NAME = "whisper-tiny.en"
@@ -104,16 +103,10 @@ async def one_pass(client, model_id: str, items, blobs, concurrency: int, word_t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--model", default=None, help="HF dir (default: the bundled tiny.en)")
-    parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
-    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--off-concurrency", type=int, default=None, help="default: the highest --concurrency")
-    parser.add_argument("--out", required=True)
     parser.add_argument("--log", default=None)
-    parser.add_argument("--model-name", default="tiny.en")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     off_level = args.off_concurrency or max(levels)

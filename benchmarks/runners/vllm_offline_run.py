@@ -8,7 +8,6 @@ Runs in the project's .venv.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -17,19 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, engine_variant, load_manifest, load_wav, log, precision_label, run_record, write_output,
+    RssSampler, engine_variant, runner_parser, load_manifest, load_wav, log, precision_label, run_record, write_output,
 )  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--manifest", required=True)
-    parser.add_argument("--model", default=None, help="HF dir (default: the bundled tiny.en)")
-    parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
-    parser.add_argument("--max-num-seqs", type=int, default=32)
+    parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--model-name", default="tiny.en")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")

@@ -52,8 +52,7 @@ class ServiceLimits:
 class AlignmentService:
     def __init__(self, engine_client, tokens: WhisperTokens, served_model_names: list[str], limits: ServiceLimits):
         self.engine_client = engine_client
-        generation_config = engine_client.model_config.try_get_generation_config()
-        self.suppress_tokens = list(generation_config.get("suppress_tokens") or [])
+        self.suppress_tokens = transcribe.suppressed_tokens(engine_client.model_config)
         self.tokens = tokens
         self.served_model_names = served_model_names
         self.limits = limits
