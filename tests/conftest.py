@@ -14,13 +14,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# Results parked longer than this are dropped; short so the abort test can watch it happen.
-RESULT_TTL_S = 20.0
-
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from vllm_whisper_align.models import default_model_path
+    from vllm_whisper_align.checkpoints import default_model_path
 
     return default_model_path()
 
@@ -35,7 +32,6 @@ def aligner(model_dir):
         str(model_dir),
         dtype="float32",
         max_num_seqs=16,
-        additional_config={"whisper_align": {"result_ttl_s": RESULT_TTL_S}},
     )
     yield engine
     engine.llm.llm_engine.engine_core.shutdown()

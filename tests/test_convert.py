@@ -14,7 +14,7 @@ import pytest
 import torch
 import whisper
 
-from vllm_whisper_align import models
+from vllm_whisper_align import checkpoints as models
 
 try:
     from reference import load_reference_model, reference_tokenizer

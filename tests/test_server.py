@@ -251,22 +251,52 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
     assert ok.text.strip()
 
 
+def engine_counts(server: str) -> dict[str, float]:
+    """vLLM's own Prometheus gauges and counters: requests in the engine, and requests aborted."""
+    text = httpx.get(f"{server}/metrics", timeout=30).text
+    counts = {"running": 0.0, "waiting": 0.0, "aborted": 0.0}
+    patterns = {
+        "running": r"^vllm:num_requests_running\{[^}]*\} (\S+)$",
+        "waiting": r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$",
+        "aborted": r'^vllm:request_success_total\{[^}]*finished_reason="abort"[^}]*\} (\S+)$',
+    }
+    for name, pattern in patterns.items():
+        counts[name] = sum(float(value) for value in re.findall(pattern, text, re.MULTILINE))
+    return counts
+
+
 def test_disconnect_aborts_and_frees_capture(server):
-    # Four 30 s windows take seconds to transcribe on CPU; the client gives up after 0.5 s.
-    clip = long_clip(100.0)
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(
-            f"{server}/v1/audio/transcriptions",
-            files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
-            data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-            timeout=httpx.Timeout(60.0, read=0.5),
-        )
-    deadline = time.monotonic() + 120
+    """A client that goes away while its windows are in the engine gets them aborted (vLLM counts
+    them as aborted, not finished) and its capture freed; without the abort they would run on."""
+    clip = long_clip(300.0)  # ten 30 s windows: far longer to transcribe than the wait below
+    before = engine_counts(server)
+
+    async def post_then_disconnect() -> None:
+        async with httpx.AsyncClient(timeout=600) as http:
+            request = asyncio.ensure_future(http.post(
+                f"{server}/v1/audio/transcriptions",
+                files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
+                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+            ))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # until the windows are in the engine
+                counts = await asyncio.to_thread(engine_counts, server)
+                if counts["running"] + counts["waiting"] > 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert not request.done(), "the request finished before the client could leave"
+            request.cancel()  # closes the connection
+
+    asyncio.run(post_then_disconnect())
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
+        counts = engine_counts(server)
         stats = httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
-        if stats["tracked"] == 0 and stats["parked"] == 0:
+        if counts["running"] + counts["waiting"] == 0 and stats["tracked"] == 0 and stats["parked"] == 0:
             break
-        time.sleep(2)
+        time.sleep(0.5)
+    assert counts["running"] + counts["waiting"] == 0, counts
+    assert counts["aborted"] > before["aborted"], (before, counts)
     assert stats["tracked"] == 0 and stats["parked"] == 0, stats
 
 

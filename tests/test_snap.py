@@ -4,7 +4,7 @@ import numpy as np
 
 from speech import synthesize_words
 from vllm_whisper_align.audio import speech_frames
-from vllm_whisper_align.words import WordTiming, snap_to_speech
+from vllm_whisper_align.word_timing import WordTiming, snap_to_speech
 
 
 def test_speech_mask_marks_words_and_gaps():

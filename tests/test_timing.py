@@ -170,10 +170,9 @@ def test_median_filter_orders_nan_last_like_torch_sort():
 # ---------------------------------------------------------------------------- alignment matrix
 
 
-def torch_alignment_matrix(qk, num_frames, medfilt_width, qk_scale, norm_rows):
+def torch_alignment_matrix(qk, num_frames, medfilt_width, qk_scale):
     """The matrix steps of the reference ``find_alignment``, in torch."""
     weights = torch.from_numpy(qk)[:, :, : num_frames // 2]
-    weights = weights[:, norm_rows]
     weights = (weights * qk_scale).softmax(dim=-1)
     std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
     weights = (weights - mean) / std
@@ -191,26 +190,23 @@ def torch_alignment_matrix(qk, num_frames, medfilt_width, qk_scale, norm_rows):
     frame_fraction=st.floats(0.05, 1.0),
     medfilt_width=st.sampled_from([1, 3, 7]),
     qk_scale=st.sampled_from([1.0, 0.5, 1.7]),
-    norm_start=st.integers(0, 1),
-    norm_drop_end=st.integers(0, 1),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_alignment_matrix_equals_torch_reference(
-    heads, tokens, frames, frame_fraction, medfilt_width, qk_scale, norm_start, norm_drop_end, seed
+    heads, tokens, frames, frame_fraction, medfilt_width, qk_scale, seed
 ):
     qk = np.random.default_rng(seed).standard_normal((heads, tokens, frames)) * 3
     qk = qk.astype(np.float32)
     num_frames = max(2, int(2 * frames * frame_fraction))
-    norm_rows = slice(norm_start, tokens - norm_drop_end)
-    expected = torch_alignment_matrix(qk, num_frames, medfilt_width, qk_scale, norm_rows)
-    actual = timing.alignment_matrix(qk, num_frames, medfilt_width, qk_scale, norm_rows)
+    expected = torch_alignment_matrix(qk, num_frames, medfilt_width, qk_scale)
+    actual = timing.alignment_matrix(qk, num_frames, medfilt_width, qk_scale)
     assert actual.dtype == np.float32 and actual.shape == expected.shape
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_alignment_matrix_default_uses_every_row():
     qk = np.random.default_rng(1).standard_normal((4, 9, 300)).astype(np.float32)
-    expected = torch_alignment_matrix(qk, 500, 7, 1.0, slice(None))
+    expected = torch_alignment_matrix(qk, 500, 7, 1.0)
     actual = timing.alignment_matrix(qk, 500)
     assert actual.shape == (9, 250)
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)

@@ -12,9 +12,16 @@ from typing import BinaryIO, Union
 
 import numpy as np
 
+# Whisper's fixed audio geometry (as whisper/audio.py): every other module imports these.
 SAMPLE_RATE = 16000
-CHUNK_SECONDS = 30
+N_FFT = 400
 HOP_LENGTH = 160  # 10 ms mel hop: 100 frames per second of audio
+CHUNK_SECONDS = 30  # one encoder window
+N_SAMPLES = CHUNK_SECONDS * SAMPLE_RATE  # 480000 samples in a window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
+N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # the encoder's stride-2 convolution: one frame is 20 ms
+TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50 encoder frames per second
+ENCODER_FRAMES = N_FRAMES // 2  # 1500 encoder frames in a window
 
 # Cuts between chunks are searched for in this many seconds at the end of each window.
 CUT_SEARCH_SECONDS = 5.0

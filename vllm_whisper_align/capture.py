@@ -18,24 +18,23 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from vllm.logger import init_logger
 
-from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
-
-if TYPE_CHECKING:
-    from vllm_whisper_align.model import CapturingCrossAttention
+from vllm_whisper_align.params import MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest
 
 logger = init_logger(__name__)
 
-# Finished requests whose timings nobody fetched (a client that went away) are dropped after this
-# many seconds, or when more than MAX_PARKED wait. Both can be set per engine with
-# --additional-config '{"whisper_align": {"result_ttl_s": ..., "max_parked": ...}}'.
-RESULT_TTL_S = 300.0
-MAX_PARKED = 4096
+
+class CapturingLayer(Protocol):
+    """What the store needs of a decoder layer's cross-attention (``model.CapturingCrossAttention``)."""
+
+    capture_heads: list[int]
+    captured_q: torch.Tensor  # [max_tokens, len(capture_heads), head_dim]: this step's queries
+    captured_k: torch.Tensor  # [max_encoder_rows, len(capture_heads), head_dim]: this step's keys
 
 
 @dataclass
@@ -59,7 +58,7 @@ class AlignmentCapture:
 
     def __init__(
         self,
-        layers: list[CapturingCrossAttention],
+        layers: list[CapturingLayer],
         head_dim: int,
         max_decoder_rows: int,
         encoder_rows: int,
@@ -192,7 +191,7 @@ class AlignmentCapture:
         entry = self.tracked.pop(req_id)
         error = None
         qk = None
-        if not entry.has_keys or entry.num_rows <= entry.params.text_row:
+        if not entry.has_keys or not entry.params.has_text_rows(entry.num_rows):
             error = "the request produced no decoder rows to align"
         else:
             qk = self._cross_qk(entry)
@@ -271,10 +270,8 @@ def _qk_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, A
                 "never asked for, or served by another engine)"}
     if parked.error is not None:
         return {"key": request.key, "error": parked.error}
-    params = parked.params
-    # The reference normalises over [sot…, no_timestamps, text, eot]; rows past that (a step the
-    # engine ran after the request finished) are not sent.
-    rows = min(parked.qk.shape[1], params.text_row - params.sot_row + request.num_text_tokens + 2)
+    # Rows past the eot row (a step the engine ran after the request finished) are not sent.
+    rows = min(parked.qk.shape[1], parked.params.rows_sent(request.num_text_tokens))
     cross_qk = np.ascontiguousarray(parked.qk[:, :rows], dtype=np.float32)
     # Raw bytes: the RPC's msgpack encoder would turn an ndarray into nested lists.
     return {"key": request.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}

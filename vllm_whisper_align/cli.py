@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-FORMATS = ("json", "verbose_json", "srt", "vtt", "text")
+from vllm_whisper_align.formats import RESPONSE_FORMATS
+
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     parser.add_argument("--language", default=None, help="language code (default: detect)")
-    parser.add_argument("--format", choices=FORMATS, default="verbose_json")
+    parser.add_argument("--format", choices=RESPONSE_FORMATS, default="verbose_json")
     parser.add_argument("--output-dir", type=Path, default=None, help="write <stem>.<ext> files here")
 
 
@@ -152,7 +153,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     from vllm_whisper_align.audio import AudioError, decode_audio
-    from vllm_whisper_align.transcribe import AlignmentInputError
+    from vllm_whisper_align.decoding import AlignmentInputError
 
     items = _alignment_items(args)
     aligner = None
@@ -208,7 +209,7 @@ def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granulari
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from vllm_whisper_align.models import convert_ct2_to_hf
+    from vllm_whisper_align.checkpoints import convert_ct2_to_hf
 
     src = args.src[0] if len(args.src) == 1 else args.src
     out = convert_ct2_to_hf(src, args.dst)
@@ -217,7 +218,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _serve(model_name: str | None, server_argv: list[str]) -> int:
-    from vllm_whisper_align.models import resolve_model
+    from vllm_whisper_align.checkpoints import resolve_model
 
     model = resolve_model(model_name)
     defaults = _serve_defaults(server_argv)

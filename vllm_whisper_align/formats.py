@@ -9,7 +9,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-EXTENSIONS = {"json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt", "text": "txt"}
+# OpenAI's audio response formats, and the file extension of each.
+EXTENSIONS = {"json": "json", "text": "txt", "srt": "srt", "verbose_json": "json", "vtt": "vtt"}
+RESPONSE_FORMATS = tuple(EXTENSIONS)
+# Forced alignment always has words: plain text would drop them.
+ALIGNMENT_FORMATS = ("json", "verbose_json", "srt", "vtt")
 GRANULARITIES = ("segment", "word")
 
 # Subtitle lines built from words: common readability limits for one caption line.

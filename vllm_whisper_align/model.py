@@ -9,7 +9,7 @@ also forms Q·Kᵀ for the requests that asked for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import torch
 from vllm.config import VllmConfig
@@ -21,58 +21,13 @@ from vllm.model_executor.models.whisper import (
     WhisperForConditionalGeneration,
 )
 
-from vllm_whisper_align.capture import MAX_PARKED, RESULT_TTL_S, AlignmentCapture
+from vllm_whisper_align.capture import AlignmentCapture
+from vllm_whisper_align.heads import resolve_alignment_heads
+from vllm_whisper_align.params import WhisperAlignConfig
 from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
+from vllm_whisper_align.tokenizer import ENGLISH_ONLY_START, is_english_only_vocab
 
 logger = init_logger(__name__)
-
-# Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
-ENGLISH_ONLY_VOCAB_SIZE = 51864
-
-
-def is_english_only(hf_config) -> bool:
-    return hf_config.vocab_size <= ENGLISH_ONLY_VOCAB_SIZE
-
-
-@dataclass(frozen=True)
-class AlignmentHeads:
-    """(decoder layer, head) pairs whose cross-attention follows the audio monotonically."""
-
-    heads: tuple[tuple[int, int], ...]
-    source: str
-
-    def by_layer(self) -> dict[int, list[int]]:
-        layers: dict[int, list[int]] = {}
-        for layer, head in self.heads:
-            layers.setdefault(layer, []).append(head)
-        return layers
-
-
-def resolve_alignment_heads(
-    config_heads, generation_heads, num_layers: int, num_heads: int
-) -> AlignmentHeads:
-    """Heads from ``hf_overrides``/config first, then generation_config, then a fallback.
-
-    The fallback (every head of the upper half of the decoder) is what openai-whisper uses for models
-    it has no alignment heads for; it works, but worse than tuned heads, hence the warning.
-    """
-    for heads, source in ((config_heads, "config"), (generation_heads, "generation_config")):
-        if heads:
-            pairs = tuple(sorted({(int(layer), int(head)) for layer, head in heads}))
-            for layer, head in pairs:
-                if not (0 <= layer < num_layers and 0 <= head < num_heads):
-                    raise ValueError(
-                        f"alignment head ({layer}, {head}) from {source} is outside the decoder "
-                        f"({num_layers} layers x {num_heads} heads)"
-                    )
-            return AlignmentHeads(pairs, source)
-    logger.warning(
-        "No alignment_heads in this model's config or generation_config: using all heads of the "
-        "upper half of the decoder layers; word timings will be less precise. Set them with "
-        "--hf-overrides '{\"alignment_heads\": [[layer, head], ...]}'."
-    )
-    pairs = tuple((layer, head) for layer in range(num_layers // 2, num_layers) for head in range(num_heads))
-    return AlignmentHeads(pairs, "upper-half fallback")
 
 
 class CapturingCrossAttention(WhisperCrossAttention):
@@ -127,18 +82,18 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
 
         vLLM 0.32 gives ``*.en`` models the multilingual prompt, which they answer with nothing.
         """
-        if not is_english_only(stt_params.model_config.hf_config):
+        if not is_english_only_vocab(stt_params.model_config.hf_config.vocab_size):
             return super().get_generation_prompt(stt_params)
         prompt = super().get_generation_prompt(replace(stt_params, language="en"))
         previous = f"<|startofprev|>{stt_params.request_prompt}" if stt_params.request_prompt else ""
-        prompt["decoder_prompt"] = TextPrompt(prompt=previous + "<|startoftranscript|><|notimestamps|>")
+        prompt["decoder_prompt"] = TextPrompt(prompt=previous + "".join(ENGLISH_ONLY_START))
         return prompt
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
         generation_config = vllm_config.model_config.try_get_generation_config()
-        self.align_config = WhisperAlignConfig.from_vllm_config(vllm_config)
+        self.align_config = WhisperAlignConfig.from_additional_config(vllm_config.additional_config)
         if self.align_config.encoder_int8:
             supported, why = encoder_int8_supported()
             if not supported:
@@ -190,28 +145,3 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             len(self.alignment_heads.heads), self.alignment_heads.source, len(layers),
         )
 
-
-@dataclass
-class WhisperAlignConfig:
-    """``--additional-config '{"whisper_align": {...}}'``: engine-side options of the plugin."""
-
-    # How long (s) and how many finished requests' matrices wait in host memory for their fetch.
-    result_ttl_s: float = RESULT_TTL_S
-    max_parked: int = MAX_PARKED
-    # Encoder linear layers in int8 (CPU only; see vllm_whisper_align.quantization).
-    encoder_int8: bool = False
-
-    @classmethod
-    def from_additional_config(cls, additional_config: dict | None) -> "WhisperAlignConfig":
-        options = (additional_config or {}).get("whisper_align") or {}
-        if not isinstance(options, dict):
-            raise ValueError("additional_config's whisper_align must be an object of options")
-        unknown = set(options) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}; "
-                             f"known: {[f.name for f in fields(cls)]}")
-        return cls(**options)
-
-    @classmethod
-    def from_vllm_config(cls, vllm_config: VllmConfig) -> "WhisperAlignConfig":
-        return cls.from_additional_config(vllm_config.additional_config)

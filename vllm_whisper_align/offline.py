@@ -1,7 +1,7 @@
 """Python API over ``vllm.LLM``: transcribe or align many files with one engine.
 
 Plain ``LLM.generate`` works too — put :class:`AlignmentParams` in ``SamplingParams.extra_args``
-(see :func:`vllm_whisper_align.transcribe.plan_transcription`) and fetch the matrices afterwards
+(see :func:`vllm_whisper_align.decoding.plan_transcription`) and fetch the matrices afterwards
 with ``llm.collective_rpc("whisper_align_fetch", args=([{"key": ..., "num_text_tokens": ...}],))``;
 :class:`WhisperAligner` does exactly that.
 """
@@ -15,10 +15,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from vllm.logger import init_logger
 
-from vllm_whisper_align import transcribe
+from vllm_whisper_align import decoding, results
 from vllm_whisper_align.audio import AudioSource, decode_audio
-from vllm_whisper_align.model import WhisperAlignConfig
-from vllm_whisper_align.models import resolve_model
+from vllm_whisper_align.checkpoints import resolve_model
+from vllm_whisper_align.params import AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.plugin import RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -73,8 +73,13 @@ class WhisperAligner:
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.model = resolve_model(model)
         self.llm = LLM(**default_engine_args(self.model, **engine_args))
-        self.tokens = WhisperTokens.from_tokenizer(self.llm.get_tokenizer())
-        self.suppress_tokens = transcribe.suppressed_tokens(self.llm.llm_engine.model_config)
+        model_config = self.llm.llm_engine.model_config
+        tokenizer = self.llm.get_tokenizer()
+        self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
+        self.suppress_tokens = decoding.suppressed_tokens(model_config)
+        self.language_detection = (
+            decoding.LanguageDetection.for_model(model_config, tokenizer) if self.tokens.is_multilingual else None
+        )
 
     # ---- public API --------------------------------------------------------------------------
 
@@ -92,11 +97,11 @@ class WhisperAligner:
         samples = [_samples(audio) for audio in audios]
         languages = self.detect_languages(samples) if language is None else [language] * len(samples)
         plans = [
-            transcribe.plan_transcription(
+            decoding.plan_transcription(
                 s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt,
                 suppress_tokens=self.suppress_tokens,
             )
-            for s, lang in zip(samples, languages)
+            for s, lang in zip(samples, languages, strict=True)
         ]
         return self._run(plans, use_tqdm)
 
@@ -116,7 +121,7 @@ class WhisperAligner:
         if len(items) != len(audios):
             raise ValueError(f"{len(audios)} audios but {len(items)} texts")
         plans = [
-            transcribe.plan_alignment(
+            decoding.plan_alignment(
                 _samples(audio),
                 self.tokens,
                 text=texts[i] if texts is not None else None,
@@ -128,13 +133,13 @@ class WhisperAligner:
         return self._run(plans, use_tqdm)
 
     def detect_languages(self, samples: Sequence[np.ndarray]) -> list[str]:
-        if self.tokens.is_english_only:
+        if self.language_detection is None:
             return ["en"] * len(samples)
-        requests = [transcribe.language_detection_request(s, self.tokens) for s in samples]
+        requests = [self.language_detection.request(s) for s in samples]
         outputs = self.llm.generate([p for p, _ in requests], [sp for _, sp in requests], use_tqdm=False)
-        return [transcribe.language_from_token(o.outputs[0].token_ids[0], self.tokens) for o in outputs]
+        return [self.language_detection.language(o.outputs[0].token_ids) for o in outputs]
 
-    def fetch(self, requests: Iterable[transcribe.AlignmentRequest]) -> list[dict[str, Any]]:
+    def fetch(self, requests: Iterable[AlignmentRequest]) -> list[dict[str, Any]]:
         payload = [asdict(r) for r in requests]
         if not payload:
             return []
@@ -148,22 +153,20 @@ class WhisperAligner:
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _run(self, plans: list[transcribe.Plan], use_tqdm: bool) -> list[dict[str, Any]]:
-        chunks = [chunk for plan in plans for chunk in plan.chunks]
+    def _run(self, plans: list[decoding.Plan], use_tqdm: bool) -> list[dict[str, Any]]:
+        windows = [window for plan in plans for window in plan.windows]
         request_outputs = self.llm.generate(
-            [c.engine_prompt() for c in chunks], [c.sampling_params for c in chunks], use_tqdm=use_tqdm
-        ) if chunks else []
-        outputs = [
-            transcribe.chunk_output_from_request_output(c, o, self.tokens)
-            for c, o in zip(chunks, request_outputs)
+            [w.engine_prompt() for w in windows], [w.sampling_params for w in windows], use_tqdm=use_tqdm
+        ) if windows else []
+        outputs = iter([
+            decoding.window_output(w, o, self.tokens) for w, o in zip(windows, request_outputs, strict=True)
+        ])
+        per_plan = [[next(outputs) for _ in plan.windows] for plan in plans]
+        requests = [
+            r for plan, outs in zip(plans, per_plan, strict=True) for r in decoding.alignment_requests(plan, outs)
         ]
-        per_plan, start = [], 0
-        for plan in plans:
-            per_plan.append(outputs[start : start + len(plan.chunks)])
-            start += len(plan.chunks)
-        requests = [r for plan, outs in zip(plans, per_plan) for r in transcribe.alignment_requests(plan, outs)]
-        results = self.fetch(requests)
-        return [transcribe.finish(plan, outs, results, self.tokens) for plan, outs in zip(plans, per_plan)]
+        fetched = self.fetch(requests)
+        return [results.finish(plan, outs, fetched, self.tokens) for plan, outs in zip(plans, per_plan, strict=True)]
 
 
 def _samples(audio: AudioSource | np.ndarray) -> np.ndarray:

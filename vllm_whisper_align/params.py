@@ -1,22 +1,27 @@
-"""The alignment parameters a request carries to the engine.
+"""What a request carries to the engine, and the plugin's engine-wide configuration.
 
-They travel in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]`` as a plain dict, because that is the one
-per-request channel vLLM forwards untouched from the API process to the model runner (it is msgpack
-serialised on the way, so only plain types go in it).
+Per request, :class:`AlignmentParams` travel in ``SamplingParams.extra_args[EXTRA_ARGS_KEY]`` as a
+plain dict, because that is the one per-request channel vLLM forwards untouched from the API process
+to the model runner (it is msgpack serialised on the way, so only plain types go in it). They also own
+the decoder *row window*: which rows of the decoder sequence are captured, sent back and aligned.
+
+Per engine, :class:`WhisperAlignConfig` comes from ``--additional-config '{"whisper_align": {...}}'``.
+Like vLLM's own config types, it lives here and flows down: the model imports it, never the reverse.
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from vllm_whisper_align.audio import N_FRAMES
+from vllm_whisper_align.timing import MEDFILT_WIDTH
 
 EXTRA_ARGS_KEY = "whisper_align"
 
 # Decoder context of every Whisper model; the forced-alignment prompt must fit in it.
 MAX_DECODER_TOKENS = 448
-# One 30 s window of log-mel frames (hop 10 ms).
-MAX_MEL_FRAMES = 3000
 
 
 def new_alignment_key() -> str:
@@ -27,26 +32,54 @@ def new_alignment_key() -> str:
 class AlignmentParams:
     """Asks the engine to capture cross-attention for one request.
 
+    The decoder sequence of a request is ``[prev…] [sot…, no_timestamps] [text…] [eot]``:
+
+    - rows before ``sot_row`` (a ``<|startofprev|>`` prompt) are never sent back: the reference
+      (openai-whisper ``find_alignment``) does not normalise over them;
+    - rows ``sot_row`` to the eot row travel (:meth:`rows_sent`) and are normalised together;
+    - rows ``text_row`` to the last text token (:meth:`text_rows`) predict the text tokens and eot:
+      they are the DTW's input.
+
     The capture is keyed by ``key`` rather than by vLLM's request id, because the engine appends a
     random suffix to the id the caller chose; the caller keeps ``key`` to fetch the timings.
     """
 
     # Mel frames of the real (unpadded) audio; softmax runs over num_frames // 2 encoder frames.
     num_frames: int
-    # Decoder row of <|startoftranscript|>: rows before it (a <|startofprev|> prompt) are not
-    # part of the reference's normalisation.
+    # Decoder row of <|startoftranscript|>.
     sot_row: int = 0
     # Decoder row whose output predicts the first text token (the <|notimestamps|> row).
     text_row: int = 1
     key: str = field(default_factory=new_alignment_key)
-    medfilt_width: int = 7
+    medfilt_width: int = MEDFILT_WIDTH
     qk_scale: float = 1.0
 
+    @classmethod
+    def for_prompt(cls, num_frames: int, num_previous: int, num_start: int, **options: Any) -> AlignmentParams:
+        """Rows of a prompt of ``num_previous`` ``<|startofprev|>`` tokens, then ``num_start`` start
+        tokens (``<|startoftranscript|>`` … ``<|notimestamps|>``), then the text."""
+        return cls(num_frames, sot_row=num_previous, text_row=num_previous + num_start - 1, **options)
+
+    def rows_sent(self, num_text_tokens: int) -> int:
+        """Rows from ``sot_row`` the worker sends back: [sot…, no_timestamps, text…, eot]."""
+        return self.text_row - self.sot_row + num_text_tokens + 2
+
+    def text_rows(self, num_text_tokens: int) -> slice:
+        """Of the rows sent, those whose outputs predict the text tokens and eot."""
+        start = self.text_row - self.sot_row
+        return slice(start, start + num_text_tokens + 1)
+
+    def first_text_position(self) -> int:
+        """Decoder position of the first text token (its prompt log-probability sits there)."""
+        return self.text_row + 1
+
+    def has_text_rows(self, num_rows: int) -> bool:
+        """Whether ``num_rows`` captured decoder rows reach past the start tokens."""
+        return num_rows > self.text_row
+
     def validate(self) -> None:
-        if not 0 < self.num_frames <= MAX_MEL_FRAMES:
-            raise ValueError(
-                f"num_frames must be in 1..{MAX_MEL_FRAMES} (one 30 s window), got {self.num_frames}"
-            )
+        if not 0 < self.num_frames <= N_FRAMES:
+            raise ValueError(f"num_frames must be in 1..{N_FRAMES} (one 30 s window), got {self.num_frames}")
         if not 0 <= self.sot_row < self.text_row < MAX_DECODER_TOKENS:
             raise ValueError(f"need 0 <= sot_row < text_row < {MAX_DECODER_TOKENS}")
         if self.medfilt_width < 1 or self.medfilt_width % 2 == 0:
@@ -76,3 +109,32 @@ class AlignmentRequest:
 
     key: str
     num_text_tokens: int
+
+
+# Finished requests whose timings nobody fetched (a client that went away) are dropped after this
+# many seconds, or when more than MAX_PARKED wait.
+RESULT_TTL_S = 300.0
+MAX_PARKED = 4096
+
+
+@dataclass
+class WhisperAlignConfig:
+    """``--additional-config '{"whisper_align": {...}}'``: engine-side options of the plugin."""
+
+    # How long (s) and how many finished requests' matrices wait in host memory for their fetch.
+    result_ttl_s: float = RESULT_TTL_S
+    max_parked: int = MAX_PARKED
+    # Encoder linear layers in int8 (CPU only; see vllm_whisper_align.quantization).
+    encoder_int8: bool = False
+
+    @classmethod
+    def from_additional_config(cls, additional_config: dict | None) -> WhisperAlignConfig:
+        options = (additional_config or {}).get(EXTRA_ARGS_KEY) or {}
+        if not isinstance(options, dict):
+            raise ValueError("additional_config's whisper_align must be an object of options")
+        known = [f.name for f in fields(cls)]
+        unknown = set(options) - set(known)
+        if unknown:
+            raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}; "
+                             f"known: {known}")
+        return cls(**options)

@@ -1,8 +1,8 @@
 """The general plugin: what vLLM calls in every process (API server, engine core, workers).
 
-``register`` makes our Whisper class serve the ``WhisperForConditionalGeneration`` architecture and
-gives vLLM's worker wrapper (the object every executor sends ``collective_rpc`` to) the per-step hook
-and the RPC methods of the alignment store. vLLM may call it more than once per process.
+``register`` checks that this vLLM is one the plugin supports, makes our Whisper class serve the
+``WhisperForConditionalGeneration`` architecture, and gives vLLM's workers the per-step capture
+hook and the RPC methods of the alignment store (through :mod:`vllm_whisper_align.vllm_adapter`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from vllm.logger import init_logger
+
+from vllm_whisper_align import vllm_adapter
 
 logger = init_logger(__name__)
 
@@ -26,55 +28,28 @@ NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whispe
 def register() -> None:
     from vllm import ModelRegistry
 
+    vllm_adapter.check_vllm()
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    _install_worker_methods()
-
-
-def _install_worker_methods() -> None:
-    from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-    if getattr(WorkerWrapperBase, RPC_FETCH, None) is not None:
-        return
-    execute_model = WorkerWrapperBase.execute_model
-
-    def execute_model_with_capture(self, scheduler_output, *args, **kwargs):
-        output = execute_model(self, scheduler_output, *args, **kwargs)
-        capture = alignment_capture_of(self)
-        if capture is not None:
-            try:
-                capture.after_step(scheduler_output, _batch_req_ids(self.worker.model_runner))
-            except Exception as error:  # a capture bug must cost word timings, not the engine
-                logger.exception("Word-timestamp capture failed; dropping the requests in flight")
-                capture.fail_all(f"capture failed: {error}")
-        return output
-
-    WorkerWrapperBase.execute_model = execute_model_with_capture
-    setattr(WorkerWrapperBase, RPC_FETCH, _fetch)
-    setattr(WorkerWrapperBase, RPC_DISCARD, _discard)
-    setattr(WorkerWrapperBase, RPC_STATS, _stats)
+    vllm_adapter.install_worker_methods(
+        _after_step, {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats}
+    )
 
 
 def alignment_capture_of(worker_wrapper: Any):
     """The loaded model's AlignmentCapture, or None (another model, TP > 1, not loaded yet)."""
-    worker = getattr(worker_wrapper, "worker", None)
-    runner = getattr(worker, "model_runner", None)
-    model = getattr(runner, "model", None)
-    # CUDA-graph and compile wrappers keep the real module under .unwrap() / .module.
-    for _ in range(3):
-        if model is None or hasattr(model, "alignment_capture"):
-            break
-        model = model.unwrap() if hasattr(model, "unwrap") else getattr(model, "module", None)
-    return getattr(model, "alignment_capture", None)
+    return vllm_adapter.model_attribute(worker_wrapper, "alignment_capture")
 
 
-def _batch_req_ids(runner: Any) -> list[str]:
-    """Request ids in the order of the step's flattened tokens."""
-    state = getattr(runner, "execute_model_state", None)
-    input_batch = getattr(state, "input_batch", None)  # model runner V2
-    if input_batch is None:
-        input_batch = runner.input_batch  # model runner V1 (CPU, and GPU when V2 is off)
-    return list(input_batch.req_ids)
+def _after_step(worker_wrapper: Any, scheduler_output: Any) -> None:
+    capture = alignment_capture_of(worker_wrapper)
+    if capture is None:
+        return
+    try:
+        capture.after_step(scheduler_output, vllm_adapter.batch_req_ids(worker_wrapper))
+    except Exception as error:  # a capture bug must cost word timings, not the engine
+        logger.exception("Word-timestamp capture failed; dropping the requests in flight")
+        capture.fail_all(f"capture failed: {error}")
 
 
 def _require_capture(worker_wrapper: Any):

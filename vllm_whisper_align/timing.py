@@ -16,7 +16,9 @@ from typing import Sequence
 import numba
 import numpy as np
 
-TOKENS_PER_SECOND = 50  # one encoder frame is 20 ms (2 mel hops of 10 ms)
+from vllm_whisper_align.audio import TOKENS_PER_SECOND
+
+# Width of the median filter along frames (openai-whisper's find_alignment default).
 MEDFILT_WIDTH = 7
 
 
@@ -198,7 +200,6 @@ def alignment_matrix(
     num_frames: int,
     medfilt_width: int = MEDFILT_WIDTH,
     qk_scale: float = 1.0,
-    norm_rows: slice | None = None,
 ) -> np.ndarray:
     """Token-to-frame attention matrix (tokens × frames, float32) that DTW aligns.
 
@@ -206,13 +207,11 @@ def alignment_matrix(
     frames), already scaled by 1/sqrt(head_dim). ``num_frames``: mel frames of the real audio, so
     encoder frames past ``num_frames // 2`` (padding) are dropped. Same steps as the reference
     ``find_alignment``: softmax over frames, z-score over tokens, median filter along frames,
-    mean over heads. The z-score statistics are taken over the ``norm_rows`` rows only (the
-    reference uses the whole decoder sequence: sot sequence, text and eot) and the other rows
-    are dropped.
+    mean over heads. The z-score statistics are taken over every row given: pass the rows the
+    reference normalises over (its whole decoder sequence: sot sequence, text and eot; see
+    ``AlignmentParams.rows_sent``).
     """
     weights = np.asarray(qk, dtype=np.float32)[:, :, : num_frames // 2]
-    if norm_rows is not None:
-        weights = weights[:, norm_rows]
     weights = _softmax(weights * np.float32(qk_scale))
     mean = weights.mean(axis=-2, keepdims=True)
     std = weights.std(axis=-2, keepdims=True)  # ddof=0, as std_mean(unbiased=False)

@@ -10,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+# Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
+# English-only vocabularies still list language tokens, but the model was never trained with them.
 ENGLISH_ONLY_VOCAB_SIZE = 51864
+# The start of an English-only model's decoder prompt: no language, no task.
+ENGLISH_ONLY_START = ("<|startoftranscript|>", "<|notimestamps|>")
+
+
+def is_english_only_vocab(vocab_size: int) -> bool:
+    """The one rule for English-only (``*.en``) models: the model's vocabulary size."""
+    return vocab_size <= ENGLISH_ONLY_VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -24,6 +33,7 @@ class WhisperTokens:
     timestamp_begin: int | None
     language_ids: dict[str, int] = field(default_factory=dict)
     vocab_size: int = 0
+    english_only_start: tuple[int, ...] = ()
     decode_ids: Callable[[list[int]], str] | None = field(default=None, compare=False, repr=False)
     encode_text: Callable[[str], list[int]] | None = field(default=None, compare=False, repr=False)
 
@@ -36,7 +46,8 @@ class WhisperTokens:
         return not self.language_ids
 
     @classmethod
-    def from_tokenizer(cls, tokenizer: Any) -> WhisperTokens:
+    def from_tokenizer(cls, tokenizer: Any, vocab_size: int) -> WhisperTokens:
+        """Special tokens of ``tokenizer``; ``vocab_size`` is the model's (``hf_config.vocab_size``)."""
         def token_id(text: str) -> int | None:
             ids = tokenizer.convert_tokens_to_ids([text])
             value = ids[0] if ids else None
@@ -46,9 +57,7 @@ class WhisperTokens:
         languages = {}
         vocab = tokenizer.get_vocab()
         sot, translate = vocab["<|startoftranscript|>"], vocab["<|translate|>"]
-        # English-only vocabularies (51864 ids) still list language tokens, but the model was
-        # never trained with them; multilingual ones have 51865 (large-v3: 51866).
-        if len(tokenizer) >= ENGLISH_ONLY_VOCAB_SIZE + 1:
+        if not is_english_only_vocab(vocab_size):
             for text, index in vocab.items():
                 # The language tokens sit between <|startoftranscript|> and <|translate|>.
                 if sot < index < translate and text.startswith("<|") and text.endswith("|>"):
@@ -62,27 +71,35 @@ class WhisperTokens:
             start_of_prev=vocab["<|startofprev|>"],
             timestamp_begin=token_id("<|0.00|>"),
             language_ids=languages,
-            vocab_size=len(tokenizer),
+            vocab_size=vocab_size,
+            english_only_start=tuple(vocab[token] for token in ENGLISH_ONLY_START),
             decode_ids=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
-            encode_text=lambda text: tokenizer.encode(text, add_special_tokens=False),
+            # User text is plain text: "<|endoftext|>" in it is spelled out, never a control token.
+            encode_text=lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True),
         )
 
-    def sot_sequence(self, language: str | None, task: str = "transcribe") -> list[int]:
-        if not self.is_multilingual:
+    def check_language(self, language: str | None, task: str = "transcribe") -> None:
+        """A ValueError naming this model's languages when it cannot ``task`` ``language``."""
+        if self.is_english_only:
             if language not in (None, "en"):
-                raise ValueError(f"this English-only model cannot {task} language {language!r}")
+                raise ValueError(f"this English-only model transcribes English (language en) only; "
+                                 f"got language {language[:20]!r}")
             if task == "translate":
                 raise ValueError("this English-only model cannot translate")
-            return [self.sot]
-        if language is None:
-            raise ValueError("a multilingual model needs a language (detect it first)")
-        if language not in self.language_ids:
-            raise ValueError(f"unsupported language {language!r}")
-        task_id = self.translate if task == "translate" else self.transcribe
-        return [self.sot, self.language_ids[language], task_id]
+        elif language is not None and language not in self.language_ids:
+            raise ValueError(f"unsupported language {language[:20]!r}; this model's languages: "
+                             f"{', '.join(sorted(self.language_ids))}")
 
     def transcription_prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
-        return [*self.sot_sequence(language, task), self.no_timestamps]
+        """The decoder prompt before the text: [sot, language, task, no_timestamps] (multilingual)
+        or ``ENGLISH_ONLY_START`` (``*.en`` models)."""
+        self.check_language(language, task)
+        if self.is_english_only:
+            return list(self.english_only_start)
+        if language is None:
+            raise ValueError("a multilingual model needs a language (detect it first)")
+        task_id = self.translate if task == "translate" else self.transcribe
+        return [self.sot, self.language_ids[language], task_id, self.no_timestamps]
 
     def alignment_prompt(self, language: str | None, text_tokens: list[int]) -> list[int]:
         """The reference's teacher-forced sequence: [sot…, no_timestamps, text…, eot]."""

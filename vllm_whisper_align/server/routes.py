@@ -14,19 +14,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
+from vllm import SamplingParams
 from vllm.logger import init_logger
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.audio import AudioError, decode_audio
-from vllm_whisper_align.formats import write_result
-from vllm_whisper_align.server.service import AlignmentService, RequestError
+from vllm_whisper_align.formats import ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, write_result
+from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
+from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
 logger = init_logger(__name__)
 
 router = APIRouter()
 
-RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
-GRANULARITIES = ("word", "segment")
+# Seeds vLLM's own OpenAI protocol accepts (torch's int64).
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
 # SamplingParams fields a transcription form may set, with their types.
 SAMPLING_FIELDS = {
     "temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
@@ -55,7 +58,7 @@ ALIGNMENT_SCHEMA = _multipart_schema({
     "text": {"type": "string", "description": "text spoken in the audio"},
     "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
     "language": {"type": "string"},
-    "response_format": {"type": "string", "enum": ["json", "verbose_json", "srt", "vtt"]},
+    "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
 })
 
 
@@ -96,10 +99,18 @@ async def _audio(form: Any, service: AlignmentService):
         raise RequestError(str(error), "file") from None
 
 
+def _text(form: Any, name: str) -> str | None:
+    """A plain form field; a file part sent under a field's name is refused, not read as text."""
+    value = form.get(name)
+    if isinstance(value, UploadFile):
+        raise RequestError(f"`{name}` must be a form field, not a file", name)
+    return value
+
+
 def _choice(form: Any, name: str, allowed: tuple[str, ...], default: str) -> str:
-    value = form.get(name) or default
+    value = _text(form, name) or default
     if value not in allowed:
-        raise RequestError(f"`{name}` must be one of {', '.join(allowed)}; got {value!r}", name)
+        raise RequestError(f"`{name}` must be one of {', '.join(allowed)}; got {echo(value)}", name)
     return value
 
 
@@ -108,29 +119,38 @@ def _granularities(form: Any) -> list[str]:
     for value in values:
         if value not in GRANULARITIES:
             raise RequestError(
-                f"`timestamp_granularities[]` entries must be word or segment; got {value!r}",
+                f"`timestamp_granularities[]` entries must be word or segment; got {echo(value)}",
                 "timestamp_granularities[]",
             )
     return list(dict.fromkeys(values))
 
 
 def _sampling(form: Any) -> dict[str, Any]:
+    """The sampling fields given, checked as vLLM's SamplingParams checks them."""
     sampling = {}
     for name, kind in SAMPLING_FIELDS.items():
-        raw = form.get(name)
+        raw = _text(form, name)
         if raw in (None, ""):
             continue
         try:
             sampling[name] = kind(raw)
         except ValueError:
-            raise RequestError(f"`{name}` must be a number; got {raw!r}", name) from None
+            raise RequestError(f"`{name}` must be a number; got {echo(raw)}", name) from None
+    seed = sampling.get("seed")
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise RequestError(f"`seed` must be a 64-bit integer in {SEED_RANGE[0]}..{SEED_RANGE[1]}", "seed")
     if "max_completion_tokens" in sampling:
         sampling["max_tokens"] = sampling.pop("max_completion_tokens")
+    try:
+        SamplingParams(**sampling)
+    except ValueError as error:
+        name = getattr(error, "parameter", None)
+        raise RequestError(str(error), "max_completion_tokens" if name == "max_tokens" else name) from None
     return sampling
 
 
 def _flag(form: Any, name: str) -> bool:
-    return str(form.get(name, "false")).lower() in ("1", "true", "yes")
+    return str(_text(form, name) or "false").lower() in ("1", "true", "yes")
 
 
 def _render(result: dict[str, Any], response_format: str, granularities: list[str]) -> Response:
@@ -173,7 +193,7 @@ async def _cancellable(raw_request: Request, handler, **kwargs) -> Response:
 
 
 async def _speech_to_text(raw_request: Request, service: AlignmentService, form: Any, task: str) -> Response:
-    service.check_model(form.get("model"))
+    service.check_model(_text(form, "model"))
     response_format = _choice(form, "response_format", RESPONSE_FORMATS, "json")
     granularities = _granularities(form)
     if granularities and response_format != "verbose_json":
@@ -186,16 +206,16 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
                 "`stream=true` cannot carry word or segment timestamps; send the request without "
                 "`stream`, or stream without `timestamp_granularities[]`", "stream",
             )
-        return await _stream_with_vllm(raw_request, form, task)
+        return await _stream_with_vllm(raw_request, service, form, task)
     samples = await _audio(form, service)
     result = await service.transcribe(
         samples,
         request_id=f"trsc-{random_uuid()}",
-        language=form.get("language") or None,
+        language=_text(form, "language") or None,
         task=task,
         # Segments without timestamp tokens come from word times, so every timed format aligns.
         word_timestamps=response_format in ("verbose_json", "srt", "vtt"),
-        prompt=form.get("prompt") or None,
+        prompt=_text(form, "prompt") or None,
         sampling=_sampling(form),
     )
     return _render(result, response_format, granularities)
@@ -238,15 +258,15 @@ async def create_alignment(raw_request: Request):
 
 
 async def _alignment(raw_request: Request, service: AlignmentService, form: Any) -> Response:
-    service.check_model(form.get("model"))
-    response_format = _choice(form, "response_format", ("json", "verbose_json", "srt", "vtt"), "json")
-    text, token_ids = form.get("text"), _token_ids(form.get("tokens"))
+    service.check_model(_text(form, "model"))
+    response_format = _choice(form, "response_format", ALIGNMENT_FORMATS, "json")
+    text, token_ids = _text(form, "text"), _token_ids(_text(form, "tokens"))
     if (text is None) == (token_ids is None):
         raise RequestError("give exactly one of `text` or `tokens`", "text")
     samples = await _audio(form, service)
     result = await service.align(
         samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=token_ids,
-        language=form.get("language") or None,
+        language=_text(form, "language") or None,
     )
     if response_format == "json":
         return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})
@@ -258,7 +278,7 @@ def _token_ids(raw: str | None) -> list[int] | None:
         return None
     try:
         ids = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: lists nested thousands deep
         raise RequestError("`tokens` must be a JSON list of integers", "tokens") from None
     if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise RequestError("`tokens` must be a JSON list of integers", "tokens")
@@ -266,22 +286,26 @@ def _token_ids(raw: str | None) -> list[int] | None:
 
 
 
-async def _stream_with_vllm(raw_request: Request, form: Any, task: str) -> Response:
-    """Streaming without timestamps is vLLM's own handler, exactly as without this plugin."""
+async def _stream_with_vllm(raw_request: Request, service: AlignmentService, form: Any, task: str) -> Response:
+    """Streaming without timestamps is vLLM's own handler, as without this plugin, except that
+    languages this model cannot transcribe are refused first, and an English-only model is told its
+    language (vLLM would try to detect one, and fail)."""
     from pydantic import ValidationError
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
     from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
     from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
 
-    state = raw_request.app.state
-    if task == "transcribe":
-        handler, request_class = getattr(state, "openai_serving_transcription", None), TranscriptionRequest
-    else:
-        handler, request_class = getattr(state, "openai_serving_translation", None), TranslationRequest
+    handler = speech_to_text_handler(raw_request.app.state, task)
+    request_class = TranscriptionRequest if task == "transcribe" else TranslationRequest
     upload = form.get("file")
     if handler is None or not isinstance(upload, UploadFile):
         raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
     fields = {name: value for name, value in form.multi_items() if name != "file"}
+    if any(isinstance(value, UploadFile) for value in fields.values()):
+        raise RequestError("only `file` may be a file part", next(n for n, v in fields.items() if isinstance(v, UploadFile)))
+    language = service.checked_language(fields.get("language") or None, task)
+    if language is None and service.tokens.is_english_only:
+        fields["language"] = "en"
     try:
         request = request_class(file=upload, **fields)
     except ValidationError as error:

@@ -17,13 +17,27 @@ import numpy as np
 from vllm import envs
 from vllm.logger import init_logger
 
-from vllm_whisper_align import transcribe
+from vllm_whisper_align import decoding, results
+from vllm_whisper_align.audio import SAMPLE_RATE
+from vllm_whisper_align.params import AlignmentRequest
 from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
 
 logger = init_logger(__name__)
 
 MAX_AUDIO_ENV = "VLLM_WHISPER_ALIGN_MAX_AUDIO_S"
+
+
+# Longest quotation of a client's value in an error message, and longest message.
+ECHO_CHARS = 80
+MAX_MESSAGE_CHARS = 2000
+
+
+def echo(value: Any) -> str:
+    """A client's value quoted in an error message, cut short: messages never echo large inputs."""
+    shown = repr(value)
+    return shown if len(shown) <= ECHO_CHARS else shown[: ECHO_CHARS - 1] + "…"
 
 
 class RequestError(Exception):
@@ -31,7 +45,8 @@ class RequestError(Exception):
 
     def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
-        self.message = " ".join(message.split())
+        message = " ".join(message.split())
+        self.message = message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
         self.param = param
         self.status = status
 
@@ -50,10 +65,16 @@ class ServiceLimits:
 
 
 class AlignmentService:
-    def __init__(self, engine_client, tokens: WhisperTokens, served_model_names: list[str], limits: ServiceLimits):
+    def __init__(
+        self, engine_client, tokenizer, served_model_names: list[str], limits: ServiceLimits
+    ):
+        model_config = engine_client.model_config
         self.engine_client = engine_client
-        self.suppress_tokens = transcribe.suppressed_tokens(engine_client.model_config)
-        self.tokens = tokens
+        self.suppress_tokens = decoding.suppressed_tokens(model_config)
+        self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
+        self.language_detection = (
+            decoding.LanguageDetection.for_model(model_config, tokenizer) if self.tokens.is_multilingual else None
+        )
         self.served_model_names = served_model_names
         self.limits = limits
 
@@ -62,18 +83,27 @@ class AlignmentService:
         tokenizer = engine_client.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
-        return cls(engine_client, WhisperTokens.from_tokenizer(tokenizer), served_model_names, limits)
+        return cls(engine_client, tokenizer, served_model_names, limits)
 
     # ---- validation --------------------------------------------------------------------------
 
     def check_model(self, model: str | None) -> None:
         if model and model not in self.served_model_names:
             raise RequestError(
-                f"The model `{model}` does not exist; this server serves {self.served_model_names}", "model"
+                f"The model {echo(model)} does not exist; this server serves {self.served_model_names}", "model"
             )
 
+    def checked_language(self, language: str | None, task: str = "transcribe") -> str | None:
+        """``language`` if this model can ``task`` it (None: detect it); else a 400 naming its languages."""
+        try:
+            self.tokens.check_language(language, task)
+        except ValueError as error:
+            language_ok = language in (None, "en") and self.tokens.is_english_only
+            raise RequestError(str(error), "model" if language_ok else "language") from None
+        return language
+
     def check_duration(self, samples: np.ndarray) -> None:
-        seconds = len(samples) / 16000
+        seconds = len(samples) / SAMPLE_RATE
         if seconds > self.limits.max_audio_s:
             raise RequestError(
                 f"audio is {seconds:.0f} s long; this server accepts at most {self.limits.max_audio_s:.0f} s "
@@ -94,12 +124,11 @@ class AlignmentService:
         sampling: dict[str, Any],
     ) -> dict[str, Any]:
         self.check_duration(samples)
-        if task == "translate" and self.tokens.is_english_only:
-            raise RequestError("this English-only model cannot translate", "model")
-        if language is None and self.tokens.is_multilingual and len(samples):
+        language = self.checked_language(language, task)
+        if language is None and self.language_detection is not None and len(samples):
             language = await self.detect_language(samples, f"{request_id}-lang")
         try:
-            plan = transcribe.plan_transcription(
+            plan = decoding.plan_transcription(
                 samples, self.tokens, language=language, task=task,
                 word_timestamps=word_timestamps, prompt=prompt, sampling=sampling,
                 suppress_tokens=self.suppress_tokens,
@@ -112,8 +141,9 @@ class AlignmentService:
         self, samples: np.ndarray, *, request_id: str, text: str | None, token_ids: list[int] | None,
         language: str | None,
     ) -> dict[str, Any]:
+        language = self.checked_language(language)
         try:
-            plan = transcribe.plan_alignment(
+            plan = decoding.plan_alignment(
                 samples, self.tokens, text=text, token_ids=token_ids, language=language
             )
         except ValueError as error:
@@ -121,34 +151,34 @@ class AlignmentService:
         return await self._run(plan, request_id)
 
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
-        prompt, params = transcribe.language_detection_request(samples, self.tokens)
+        prompt, params = self.language_detection.request(samples)
         final = None
         async for final in self.engine_client.generate(prompt, params, request_id):
             pass
-        return transcribe.language_from_token(final.outputs[0].token_ids[0], self.tokens)
+        return self.language_detection.language(final.outputs[0].token_ids)
 
-    async def _run(self, plan: transcribe.Plan, request_id: str) -> dict[str, Any]:
-        ids = [f"{request_id}-{i}" for i in range(len(plan.chunks))]
-        keys = [c.alignment.key for c in plan.chunks if c.alignment is not None]
+    async def _run(self, plan: decoding.Plan, request_id: str) -> dict[str, Any]:
+        ids = [f"{request_id}-{i}" for i in range(len(plan.windows))]
+        keys = [w.alignment.key for w in plan.windows if w.alignment is not None]
         try:
-            outputs = await asyncio.gather(*[self._generate(c, i) for c, i in zip(plan.chunks, ids)])
-            results = await self.fetch(transcribe.alignment_requests(plan, outputs))
+            outputs = await asyncio.gather(*[self._generate(w, i) for w, i in zip(plan.windows, ids, strict=True)])
+            fetched = await self.fetch(decoding.alignment_requests(plan, outputs))
         except asyncio.CancelledError:
             # The client went away: stop its engine requests and drop what was captured for them.
             await asyncio.gather(self.engine_client.abort(ids), self.discard(keys), return_exceptions=True)
             raise
         # Normalisation and DTW (numba, GIL released) off the event loop.
-        return await asyncio.to_thread(transcribe.finish, plan, outputs, results, self.tokens)
+        return await asyncio.to_thread(results.finish, plan, outputs, fetched, self.tokens)
 
-    async def _generate(self, chunk: transcribe.ChunkRequest, request_id: str) -> transcribe.ChunkOutput:
+    async def _generate(self, window: decoding.WindowRequest, request_id: str) -> decoding.WindowOutput:
         final = None
-        async for final in self.engine_client.generate(chunk.engine_prompt(), chunk.sampling_params, request_id):
+        async for final in self.engine_client.generate(window.engine_prompt(), window.sampling_params, request_id):
             pass
-        return transcribe.chunk_output_from_request_output(chunk, final, self.tokens)
+        return decoding.window_output(window, final, self.tokens)
 
     # ---- worker RPCs -------------------------------------------------------------------------
 
-    async def fetch(self, requests: list[transcribe.AlignmentRequest]) -> list[dict[str, Any]]:
+    async def fetch(self, requests: list[AlignmentRequest]) -> list[dict[str, Any]]:
         if not requests:
             return []
         per_engine = await self._rpc_all_engines(RPC_FETCH, [asdict(r) for r in requests])
@@ -173,17 +203,9 @@ class AlignmentService:
             await self._rpc_all_engines(RPC_DISCARD, keys)
 
     async def _rpc_all_engines(self, method: str, *args: Any) -> list[Any]:
-        """The first worker's answer from every engine core.
-
-        ``engine_client.collective_rpc`` reaches only the first engine core when there are several
-        (data parallelism), so with more than one we ask each of them through the core client.
-        """
-        core = getattr(self.engine_client, "engine_core", None)
+        """The first worker's answer from every engine core (data parallelism: each holds its own)."""
         try:
-            if len(getattr(core, "core_engines", ())) > 1:
-                answers = await core.call_utility_all_async("collective_rpc", method, None, args, None)
-                return [answer[0] for answer in answers]
-            return [(await self.engine_client.collective_rpc(method, args=args))[0]]
+            return await collective_rpc_every_engine(self.engine_client, method, args)
         except Exception as error:
             if NO_CAPTURE_MESSAGE in str(error):
                 raise RequestError(f"word timestamps are unavailable: {NO_CAPTURE_MESSAGE}", "model") from None

@@ -26,6 +26,12 @@ from typing import BinaryIO
 
 import numpy as np
 
+from vllm_whisper_align.audio import (
+    CHUNK_SECONDS, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE, TOKENS_PER_SECOND,
+)
+from vllm_whisper_align.heads import upper_half_heads
+from vllm_whisper_align.tokenizer import is_english_only_vocab
+
 __all__ = [
     "CONVERTER_VERSION",
     "read_ct2_model_bin",
@@ -51,11 +57,7 @@ _SUPPORTED_BIN_VERSIONS = (5, 6)  # versions whose layout (with aliases) was che
 _MAX_NAME_LEN = 4096
 _MAX_RANK = 8
 
-N_TIMESTAMPS = 1501  # <|0.00|> .. <|30.00|> in 0.02 s steps
-SAMPLE_RATE = 16000
-HOP_LENGTH = 160
-N_FFT = 400
-CHUNK_LENGTH = 30
+N_TIMESTAMPS = CHUNK_SECONDS * TOKENS_PER_SECOND + 1  # <|0.00|> .. <|30.00|> in 0.02 s steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -462,11 +464,6 @@ def _write_tokenizer(out: Path, tok: dict, ids: dict, multilingual: bool) -> Non
         (out / "normalizer.json").write_text(json.dumps(norm, indent=2, ensure_ascii=False), encoding="utf-8")
 
 
-def _default_alignment_heads(n_layers: int, n_heads: int) -> list[list[int]]:
-    """openai-whisper's fallback: every head of the second half of the decoder."""
-    return [[layer, h] for layer in range(n_layers // 2, n_layers) for h in range(n_heads)]
-
-
 def _model_config(dims: dict, ids: dict, suppress: list[int], begin_suppress: list[int], info: dict) -> dict:
     eot = ids["eot"]
     cfg = {
@@ -536,9 +533,9 @@ def _preprocessor_config(n_mels: int) -> dict:
         "sampling_rate": SAMPLE_RATE,
         "hop_length": HOP_LENGTH,
         "n_fft": N_FFT,
-        "chunk_length": CHUNK_LENGTH,
-        "n_samples": CHUNK_LENGTH * SAMPLE_RATE,
-        "nb_max_frames": CHUNK_LENGTH * SAMPLE_RATE // HOP_LENGTH,
+        "chunk_length": CHUNK_SECONDS,
+        "n_samples": N_SAMPLES,
+        "nb_max_frames": N_FRAMES,
         "padding_side": "right",
         "padding_value": 0.0,
         "return_attention_mask": False,
@@ -608,12 +605,11 @@ def convert_ct2_to_hf(
     weights, dims = _map_weights(read_ct2_model_bin(parts))
     tok = json.loads(tokenizer_json.read_text(encoding="utf-8"))
     ids = _special_ids(tok, dims["vocab_size"])
-    # Whisper's English-only checkpoints have 51864 tokens, multilingual ones 51865+.
-    multilingual = dims["vocab_size"] >= 51865
+    multilingual = not is_english_only_vocab(dims["vocab_size"])
     if alignment_heads is None:
-        alignment_heads = ct2_cfg.get("alignment_heads") or _default_alignment_heads(
-            dims["decoder_layers"], dims["decoder_attention_heads"]
-        )
+        alignment_heads = ct2_cfg.get("alignment_heads") or [
+            list(pair) for pair in upper_half_heads(dims["decoder_layers"], dims["decoder_attention_heads"])
+        ]
     suppress = [int(i) for i in ct2_cfg.get("suppress_ids", [])]
     begin_suppress = [int(i) for i in ct2_cfg.get("suppress_ids_begin", [220, ids["eot"]])]
     source = [str(p) for p in parts]

@@ -1,0 +1,107 @@
+"""The worker-side store's bookkeeping on hand-made steps (no engine: tests/test_engine.py covers the
+same paths through a real one). Steps are built with the fields of vLLM's SchedulerOutput the store
+reads (vllm_adapter.SCHEDULER_OUTPUT_FIELDS)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from vllm_whisper_align.capture import AlignmentCapture
+from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
+from vllm_whisper_align.vllm_adapter import SCHEDULER_OUTPUT_FIELDS
+
+HEAD_DIM, ENCODER_ROWS, MAX_ROWS = 4, 6, 16
+
+
+def make_capture(**options) -> AlignmentCapture:
+    layer = SimpleNamespace(
+        capture_heads=[0],
+        captured_q=torch.zeros((32, 1, HEAD_DIM)),
+        captured_k=torch.zeros((2 * ENCODER_ROWS, 1, HEAD_DIM)),
+    )
+    return AlignmentCapture([layer], HEAD_DIM, MAX_ROWS, ENCODER_ROWS, max_requests=2, **options)
+
+
+def step(new=(), cached=(), finished=(), encoder=()) -> SimpleNamespace:
+    """new: (req_id, params, tokens) admitted now; cached: (req_id, computed, tokens) running on."""
+    new_reqs = [
+        SimpleNamespace(req_id=r, num_computed_tokens=0,
+                        sampling_params=SimpleNamespace(extra_args=p.to_extra_args() if p else None))
+        for r, p, _ in new
+    ]
+    scheduled = {r: n for r, _, n in new} | {r: n for r, _, n in cached}
+    output = SimpleNamespace(
+        scheduled_new_reqs=new_reqs,
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _, _ in cached],
+                                              num_computed_tokens=[c for _, c, _ in cached]),
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_encoder_inputs={r: [0] for r in encoder},
+        finished_req_ids=set(finished),
+    )
+    assert set(vars(output)) == set(SCHEDULER_OUTPUT_FIELDS)
+    return output
+
+
+def run_request(capture: AlignmentCapture, req_id: str, params: AlignmentParams, text_tokens: int) -> None:
+    prompt = params.text_row + 1
+    capture.after_step(step(new=[(req_id, params, prompt)], encoder=[req_id]), [req_id])
+    for i in range(text_tokens):
+        capture.after_step(step(cached=[(req_id, prompt + i, 1)]), [req_id])
+
+
+def test_fetch_returns_the_rows_sent_and_frees_everything():
+    capture = make_capture()
+    params = AlignmentParams.for_prompt(num_frames=8, num_previous=1, num_start=2)
+    run_request(capture, "r1", params, text_tokens=3)
+    capture.after_step(step(finished=["r1"]), [])
+    [answer] = capture.fetch([AlignmentRequest(params.key, num_text_tokens=3)])
+    # heads x [sot, no_timestamps, 3 text rows] (the eot row was never fed) x num_frames // 2
+    assert answer["shape"] == [1, min(params.rows_sent(3), 1 + 1 + 3), 4], answer
+    assert capture.stats() | {"slot_bytes": 0} == {
+        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "parked_bytes": 0
+    }
+
+
+def test_unfetched_results_expire_after_the_ttl():
+    capture = make_capture(result_ttl_s=0.05)
+    params = AlignmentParams.for_prompt(num_frames=8, num_previous=0, num_start=2)
+    run_request(capture, "r1", params, text_tokens=2)
+    capture.after_step(step(finished=["r1"]), [])
+    assert capture.stats()["parked"] == 1
+    time.sleep(0.1)
+    assert capture.stats()["parked"] == 0
+    [answer] = capture.fetch([AlignmentRequest(params.key, 2)])
+    assert "error" in answer
+
+
+def test_discard_frees_a_live_request_and_a_parked_one():
+    capture = make_capture()
+    live, parked = (AlignmentParams.for_prompt(8, 0, 2) for _ in range(2))
+    run_request(capture, "live", live, text_tokens=1)
+    run_request(capture, "done", parked, text_tokens=1)
+    capture.after_step(step(finished=["done"]), [])
+    assert capture.discard([live.key, parked.key]) == 2
+    stats = capture.stats()
+    assert stats["tracked"] == 0 and stats["parked"] == 0 and stats["free_slots"] == stats["slots"]
+
+
+def test_queries_land_in_their_own_requests_rows():
+    """Two requests in one step: each one's captured query rows are its own, at its positions."""
+    capture = make_capture()
+    a, b = AlignmentParams.for_prompt(8, 0, 2), AlignmentParams.for_prompt(8, 0, 2)
+    layer = capture.layers[0]
+    layer.captured_q[:4] = torch.arange(4, dtype=torch.float32).view(4, 1, 1).expand(4, 1, HEAD_DIM)
+    layer.captured_k[: 2 * ENCODER_ROWS] = 1.0
+    capture.after_step(step(new=[("a", a, 2), ("b", b, 2)], encoder=["a", "b"]), ["b", "a"])
+    capture.after_step(step(finished=["a", "b"]), [])
+    answers = {r["key"]: r for r in capture.fetch([AlignmentRequest(a.key, 0), AlignmentRequest(b.key, 0)])}
+    qk_a = np.frombuffer(answers[a.key]["cross_qk"], np.float32).reshape(answers[a.key]["shape"])
+    qk_b = np.frombuffer(answers[b.key]["cross_qk"], np.float32).reshape(answers[b.key]["shape"])
+    scale = HEAD_DIM * HEAD_DIM**-0.5  # q row value v gives q.k = v * HEAD_DIM, scaled by 1/sqrt(d)
+    np.testing.assert_allclose(qk_b[0, :, 0], np.array([0, 1]) * scale)  # b's tokens came first
+    np.testing.assert_allclose(qk_a[0, :, 0], np.array([2, 3]) * scale)

@@ -1,0 +1,74 @@
+"""The request parameters' row window, the plugin's config, and the vLLM adapter's guard (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+import whisper.audio
+import whisper.timing
+from whisper.tokenizer import get_tokenizer
+
+from vllm_whisper_align import audio, timing, vllm_adapter
+from vllm_whisper_align.params import AlignmentParams, WhisperAlignConfig
+
+
+@pytest.mark.parametrize("num_previous", [0, 5])
+@pytest.mark.parametrize("multilingual", [False, True])
+def test_row_window_is_the_references(num_previous, multilingual):
+    """The rows sent and the text rows are those openai-whisper's find_alignment normalises and aligns:
+    it builds [*sot_sequence, no_timestamps, *text, eot] and keeps matrix[len(sot_sequence):-1]."""
+    tokenizer = get_tokenizer(multilingual, language="en" if multilingual else None, task="transcribe")
+    start = [*tokenizer.sot_sequence, tokenizer.no_timestamps]
+    text = tokenizer.encode(" the quick brown fox")
+    reference_sequence = [*start, *text, tokenizer.eot]
+    reference_rows = list(range(len(reference_sequence)))[len(tokenizer.sot_sequence) : -1]
+
+    params = AlignmentParams.for_prompt(100, num_previous, len(start))
+    decoder = [*range(-num_previous, 0), *reference_sequence]  # previous-text rows come first
+    sent = decoder[params.sot_row : params.sot_row + params.rows_sent(len(text))]
+    assert sent == reference_sequence
+    aligned_positions = list(range(len(sent)))[params.text_rows(len(text))]
+    assert aligned_positions == reference_rows
+    assert decoder[params.first_text_position()] == text[0]
+    assert not params.has_text_rows(params.text_row) and params.has_text_rows(params.text_row + 1)
+
+
+def test_alignment_params_validate():
+    with pytest.raises(ValueError):
+        AlignmentParams(num_frames=0).validate()
+    with pytest.raises(ValueError):
+        AlignmentParams(num_frames=audio.N_FRAMES + 1).validate()
+    with pytest.raises(ValueError):
+        AlignmentParams(num_frames=100, sot_row=2, text_row=1).validate()
+    assert AlignmentParams.from_extra_args({"other": 1}) is None
+    params = AlignmentParams.for_prompt(100, 2, 4)
+    assert AlignmentParams.from_extra_args(params.to_extra_args({"other": 1})) == params
+
+
+def test_whisper_constants_are_the_references():
+    for name in ("SAMPLE_RATE", "N_FFT", "HOP_LENGTH", "N_SAMPLES", "N_FRAMES", "N_SAMPLES_PER_TOKEN",
+                 "TOKENS_PER_SECOND"):
+        assert getattr(audio, name) == getattr(whisper.audio, name), name
+    assert audio.CHUNK_SECONDS == whisper.audio.CHUNK_LENGTH
+    assert timing.TOKENS_PER_SECOND == whisper.timing.TOKENS_PER_SECOND
+    # find_alignment's default median filter width
+    assert timing.MEDFILT_WIDTH == whisper.timing.find_alignment.__kwdefaults__["medfilt_width"]
+
+
+def test_unknown_plugin_options_are_refused():
+    assert WhisperAlignConfig.from_additional_config(None) == WhisperAlignConfig()
+    with pytest.raises(ValueError, match="unknown whisper_align options.*result_ttl"):
+        WhisperAlignConfig.from_additional_config({"whisper_align": {"result_tl_s": 1}})
+
+
+def test_unsupported_vllm_is_refused_with_the_supported_versions():
+    vllm_adapter.check_vllm()  # the installed one
+    with pytest.raises(vllm_adapter.UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.40\.1"):
+        vllm_adapter.check_vllm((0, 40, 1))
+
+
+def test_moved_vllm_internals_are_named(monkeypatch):
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    monkeypatch.delattr(WorkerWrapperBase, "execute_model")
+    with pytest.raises(vllm_adapter.UnsupportedVllmError, match="WorkerWrapperBase.execute_model"):
+        vllm_adapter.check_vllm()

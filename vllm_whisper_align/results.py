@@ -1,0 +1,238 @@
+"""From the engine's outputs and the workers' cross-attention to typed results, window by window.
+
+Each window goes through the same steps: its fetched Q·Kᵀ becomes the DTW matrix
+(:func:`window_matrix`), the DTW gives token times (all windows' DTWs run in parallel), the tokens
+become words with the reference's rules and are moved out of silence (:func:`window_words`), and the
+words are cut into segments (:func:`window_segments`). :func:`finish` runs them and returns OpenAI's
+``verbose_json`` shape. ``Word`` and ``Segment`` are faster-whisper's shapes.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from vllm_whisper_align import timing, word_timing
+from vllm_whisper_align.audio import speech_frames
+from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest
+from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
+
+# A new segment starts after a sentence end or a pause this long (no timestamp tokens are decoded).
+SEGMENT_PAUSE_S = 1.0
+SEGMENT_MAX_S = 15.0
+
+
+@dataclass
+class Word:
+    start: float
+    end: float
+    word: str
+    probability: float
+    tokens: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's word object."""
+        return {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    words: list[Word] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's segment object (words are listed once, at the top level)."""
+        body = {name: getattr(self, name) for name in self.__dataclass_fields__ if name != "words"}
+        body["start"], body["end"] = round(self.start, 2), round(self.end, 2)
+        return body
+
+
+@dataclass
+class TokenTiming:
+    id: int
+    text: str
+    start: float
+    end: float
+    probability: float
+
+
+@dataclass
+class WindowResult:
+    segments: list[Segment]
+    words: list[Word]
+    tokens: list[TokenTiming]
+    alignment_error: str | None = None
+
+
+# ---------------------------------------------------------------------------- per window
+
+
+def window_matrix(window: WindowRequest, output: WindowOutput, fetched: dict | None) -> np.ndarray:
+    """The DTW's input for one window from the worker's answer: rows that predict text and eot.
+
+    Raises ``ValueError`` with the worker's message when it has nothing for this window."""
+    if fetched is None or "error" in fetched:
+        raise ValueError((fetched or {}).get("error", "no alignment returned"))
+    params = window.alignment
+    cross_qk = np.frombuffer(fetched["cross_qk"], dtype=np.float32).reshape(fetched["shape"])
+    matrix = timing.alignment_matrix(cross_qk, params.num_frames, params.medfilt_width, params.qk_scale)
+    return matrix[params.text_rows(len(output.token_ids))]
+
+
+def window_words(
+    window: WindowRequest, output: WindowOutput, jumps: np.ndarray, tokens: WhisperTokens, language: str,
+    last_speech: float,
+) -> tuple[list[Word], list[TokenTiming], float]:
+    """Words (absolute times, out of silence) and token timings of one window, and the new
+    ``last_speech_timestamp`` of the reference's duration rules."""
+    text_tokens = output.token_ids[: len(jumps) - 1]
+    probs = np.exp(np.asarray(output.token_logprobs[: len(text_tokens)], dtype=np.float64))
+    alignment = word_timing.word_timings(
+        text_tokens, jumps, probs, tokens.decode_with_special, tokens.eot, language
+    )
+    span = {"tokens": list(text_tokens), "start": window.offset, "end": window.offset + window.duration}
+    last_speech = word_timing.add_word_timestamps(
+        [span], alignment, eot=tokens.eot, time_offset=window.offset, last_speech_timestamp=last_speech
+    )
+    timed: list[WordTiming] = span["words"]
+    word_timing.snap_to_speech(timed, speech_frames(window.samples), window.offset)
+    words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
+    token_timings = [
+        TokenTiming(
+            int(token), tokens.decode_with_special([token]), round_time(window.offset + jumps[i]),
+            round_time(window.offset + jumps[i + 1]), float(probs[i]),
+        )
+        for i, token in enumerate(text_tokens)
+    ]
+    return words, token_timings, last_speech
+
+
+def make_segment(
+    window: WindowRequest, token_ids: list[int], logprobs: list[float], text: str, start: float, end: float
+) -> Segment:
+    text_bytes = text.encode("utf-8")
+    return Segment(
+        id=0,
+        seek=int(round(window.offset * 100)),
+        start=start,
+        end=end,
+        text=text,
+        tokens=list(token_ids),
+        temperature=window.sampling_params.temperature,
+        avg_logprob=float(np.mean(logprobs)) if logprobs else 0.0,
+        compression_ratio=len(text_bytes) / max(1, len(zlib.compress(text_bytes))),
+        no_speech_prob=0.0,
+    )
+
+
+def window_segments(window: WindowRequest, output: WindowOutput, words: list[Word], text: str) -> list[Segment]:
+    """One window's text cut into segments at sentence ends and pauses (one segment without words)."""
+    if not words:
+        end = window.offset + window.duration
+        return [make_segment(window, output.token_ids, output.token_logprobs, text, window.offset, end)]
+    segments, position = [], 0
+    for group in _word_groups(words):
+        count = sum(len(w.tokens) for w in group)
+        piece = slice(position, position + count)
+        position += count
+        segments.append(make_segment(
+            window, output.token_ids[piece], output.token_logprobs[piece], "".join(w.word for w in group),
+            group[0].start, group[-1].end,
+        ))
+    return segments
+
+
+def _word_groups(words: list[Word]) -> list[list[Word]]:
+    groups, current = [], []
+    for word in words:
+        if current and (
+            word.start - current[-1].end > SEGMENT_PAUSE_S
+            or current[-1].word.rstrip()[-1:] in SENTENCE_END_MARKS
+            or word.end - current[0].start > SEGMENT_MAX_S
+        ):
+            groups.append(current)
+            current = []
+        current.append(word)
+    groups.append(current)
+    return groups
+
+
+# ---------------------------------------------------------------------------- whole input
+
+
+def window_results(
+    plan: Plan, outputs: Sequence[WindowOutput], fetched: Sequence[dict], tokens: WhisperTokens
+) -> list[WindowResult | None]:
+    """Every window's result (None for a window with no text), the DTWs run in parallel."""
+    by_key = {answer["key"]: answer for answer in fetched}
+    matrices: list[np.ndarray | None] = []
+    errors: list[str | None] = []
+    for window, output in zip(plan.windows, outputs, strict=True):
+        matrix, error = None, None
+        if window.alignment is not None:
+            try:
+                matrix = window_matrix(window, output, by_key.get(window.alignment.key))
+            except ValueError as failure:
+                error = str(failure)
+        usable = matrix is not None and matrix.shape[0] >= 2
+        matrices.append(matrix if usable else None)
+        errors.append(error)
+    aligned = [m for m in matrices if m is not None]
+    jump_times = iter(timing.jump_times_batch(aligned))
+    results: list[WindowResult | None] = []
+    last_speech = 0.0
+    for window, output, matrix, error in zip(plan.windows, outputs, matrices, errors, strict=True):
+        jumps = next(jump_times) if matrix is not None else None
+        text = tokens.decode(output.token_ids)
+        if not text.strip():
+            results.append(WindowResult([], [], [], error) if error else None)
+            continue
+        words, token_timings = [], []
+        if jumps is not None:
+            words, token_timings, last_speech = window_words(
+                window, output, jumps, tokens, plan.language, last_speech
+            )
+        results.append(WindowResult(window_segments(window, output, words, text), words, token_timings, error))
+    return results
+
+
+def assemble(plan: Plan, results: Sequence[WindowResult | None]) -> dict[str, Any]:
+    """OpenAI's verbose_json shape (+ ``tokens`` with per-token times when words were asked)."""
+    kept = [r for r in results if r is not None]
+    segments = [segment for result in kept for segment in result.segments]
+    for index, segment in enumerate(segments):
+        segment.id = index
+    body: dict[str, Any] = {
+        "task": "translate" if plan.task == "translate" else "transcribe",
+        "language": plan.language,
+        "duration": round(plan.duration, 3),
+        "text": "".join(s.text for s in segments).strip(),
+        "segments": [s.to_dict() for s in segments],
+    }
+    if plan.word_timestamps:
+        body["words"] = [w.to_dict() for result in kept for w in result.words]
+        body["tokens"] = [vars(t).copy() for result in kept for t in result.tokens]
+        errors = [result.alignment_error for result in kept if result.alignment_error]
+        if errors:
+            body["alignment_errors"] = errors
+    return body
+
+
+def finish(
+    plan: Plan, outputs: Sequence[WindowOutput], fetched: Sequence[dict], tokens: WhisperTokens
+) -> dict[str, Any]:
+    """The engine's outputs and the workers' answers for one input, as a verbose_json body."""
+    return assemble(plan, window_results(plan, outputs, fetched, tokens))

