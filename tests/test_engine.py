@@ -158,8 +158,9 @@ def test_store_is_empty_after_requests_and_aborts(aligner, clips):
         engine.step()
     stats = aligner.capture_stats()
     assert stats["tracked"] == 0 and stats["free_slots"] == stats["slots"], stats
-    assert stats["parked"] == len(keys), stats  # finished and aborted alike wait for a fetch
-    assert aligner.discard(keys) == len(keys)
+    # Every finished request waits for its fetch; so do aborted ones the worker had started.
+    assert len(keys) // 2 <= stats["parked"] <= len(keys), stats
+    assert aligner.discard(keys) == stats["parked"]
     stats = aligner.capture_stats()
     assert stats["parked"] == 0 and stats["parked_bytes"] == 0, stats
     # And after a normal round everything fetched is freed at once.

@@ -318,3 +318,58 @@ def test_openapi_lists_alignment_route(server):
     schema = httpx.get(f"{server}/openapi.json", timeout=30).json()
     assert "/v1/audio/alignments" in schema["paths"]
     assert "/v1/audio/transcriptions" in schema["paths"]
+
+
+def test_hostile_inputs_are_400s_never_500s(server, client):
+    """Each of these was a 500 (or a silent drop) before: now a 400 naming the field, or the right answer."""
+    clip = sentence_clips()[4]
+    good = wav_bytes(clip)
+
+    def align(files=None, **data):
+        files = {"file": ("c.wav", good, "audio/wav"), **(files or {})}
+        return httpx.post(f"{server}/v1/audio/alignments", files=files, data=data, timeout=120)
+
+    assert_openai_error(transcribe_raw(server, good, seed=2**70), "seed")
+    assert_openai_error(transcribe_raw(server, good, seed=-(2**64)), "seed")
+    assert_openai_error(transcribe_raw(server, good, temperature="nan"), "temperature")
+    assert_openai_error(transcribe_raw(server, good, max_completion_tokens=0), "max_completion_tokens")
+    assert_openai_error(align(tokens="[" * 20000 + "]" * 20000), "tokens")
+    assert_openai_error(align(files={"text": ("t.txt", clip.text.encode(), "text/plain")}), "text")
+    # Languages this English-only model cannot do are refused, not ignored; echoes stay short.
+    for language in ("de", "xx"):
+        response = transcribe_raw(server, good, language=language)
+        assert_openai_error(response, "language")
+        assert "en" in response.json()["error"]["message"]
+    huge = transcribe_raw(server, good, language="x" * 100_000, model="m" * 100_000)
+    assert huge.status_code == 400 and len(huge.text) < 2000, huge.text[:300]
+    # Streaming without a language on an English-only model (vLLM's handler would try to detect one).
+    with httpx.stream(
+        "POST", f"{server}/v1/audio/transcriptions", files={"file": ("c.wav", good, "audio/wav")},
+        data={"stream": "true"}, timeout=300,
+    ) as streamed:
+        assert streamed.status_code == 200
+        assert "".join(streamed.iter_text()).count("data: ") >= 2
+    streamed_translation = httpx.post(
+        f"{server}/v1/audio/translations", files={"file": ("c.wav", good, "audio/wav")},
+        data={"stream": "true"}, timeout=60,
+    )
+    assert_openai_error(streamed_translation, "translate")
+
+    # Control-token spellings in user text are text: every word after them is still aligned.
+    spoken = clip.text.split()
+    text = " ".join([*spoken[:2], "<|endoftext|>", *spoken[2:]])
+    aligned = align(text=text)
+    assert aligned.status_code == 200, aligned.text
+    body = aligned.json()
+    assert "<|endoftext|>" in body["text"]
+    heard = [w["word"].strip(" .,").lower() for w in body["words"]]
+    assert [w for w in heard if w in {s.strip(".,").lower() for s in spoken}] == [
+        s.strip(".,").lower() for s in spoken
+    ]
+    # One token asked for, one token timed.
+    one = transcribe_raw(
+        server, good, max_completion_tokens=1, response_format="verbose_json",
+        **{"timestamp_granularities[]": "word"},
+    )
+    assert one.status_code == 200 and len(one.json()["words"]) == 1, one.text
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
