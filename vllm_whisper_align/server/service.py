@@ -69,7 +69,8 @@ class AlignmentService:
     def check_model(self, model: str | None) -> None:
         if model and model not in self.served_model_names:
             raise RequestError(
-                f"The model `{model}` does not exist; this server serves {self.served_model_names}", "model"
+                f"The model `{model}` does not exist; this server serves "
+                + ", ".join(f"`{name}`" for name in self.served_model_names), "model",
             )
 
     def check_duration(self, samples: np.ndarray) -> None:
