@@ -129,7 +129,7 @@ def tree_memory(pid: int) -> list[dict[str, Any]]:
     for proc in [root] + root.children(recursive=True):
         try:
             info = proc.memory_full_info()
-            title = " ".join(proc.cmdline())[:80] or proc.name()
+            title = " ".join(proc.cmdline()).strip()[:80] or proc.name()
             rows.append({"pid": proc.pid, "process": title, "rss_mib": round(info.rss / 2**20, 1),
                          "pss_mib": round(info.pss / 2**20, 1)})
         except psutil.Error:

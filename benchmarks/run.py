@@ -445,12 +445,12 @@ def memory_per_request(rows: list[dict]) -> list[str]:
     if not lines:
         return []
     return ["## Memory per concurrent request", "", *lines, "",
-            "vLLM reserves its KV cache up front (`VLLM_CPU_KVCACHE_SPACE`, 2 GiB here), so requests in flight "
-            "fill memory that is already counted. For tiny.en in float32 a request needs about 18 MiB of "
-            "cross-attention KV (1500 frames × 4 layers × K and V × 384 × 4 bytes), a few MiB of self-attention "
-            "KV (up to 5 MiB at 448 tokens), and, with word timestamps, a capture slot of about 4 MiB outside the "
-            "KV cache (8 alignment heads' keys over 1500 frames, 3 MiB, and their queries over 448 rows). The "
-            "2 GiB reservation holds about 90 such requests.", ""]
+            "vLLM reserves its KV cache up front; `serve` sizes it to the model (`engine_defaults.kv_cache_bytes`: "
+            "`max_num_seqs` requests at full length, with 25% headroom), so requests in flight fill memory that is "
+            "already counted. For tiny.en in float32 a request needs 24 MiB of KV (12 blocks of 128 encoder rows "
+            "and 4 blocks of 128 decoder tokens, in 4 layers, K and V × 384 × 4 bytes; half in bfloat16), and, "
+            "with word timestamps, a capture slot of about 4 MiB outside the KV cache (8 alignment heads' keys "
+            "over 1500 frames, 3 MiB, and their queries over 448 rows).", ""]
 
 
 def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
