@@ -120,6 +120,23 @@ class RssSampler:
         return self.peak_between(float("-inf"), float("inf"), kind)
 
 
+def tree_memory(pid: int) -> list[dict[str, Any]]:
+    """RSS and PSS (MiB) of each process in ``pid``'s tree, named as ps shows them (vLLM titles its own)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    rows = []
+    for proc in [root] + root.children(recursive=True):
+        try:
+            info = proc.memory_full_info()
+            title = " ".join(proc.cmdline()).strip()[:80] or proc.name()
+            rows.append({"pid": proc.pid, "process": title, "rss_mib": round(info.rss / 2**20, 1),
+                         "pss_mib": round(info.pss / 2**20, 1)})
+        except psutil.Error:
+            pass
+    return rows
+
+
 def self_maxrss_mib() -> float:
     """ru_maxrss of this process (KiB on Linux) in MiB; a cross-check for the sampler."""
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -189,8 +206,15 @@ def log(*parts: Any) -> None:
 INT8_ENCODER_SUFFIX = "+int8enc"
 
 
+# The variant that passes no --dtype: what a user gets from plain `vllm-whisper-align serve`.
+DEFAULT_VARIANT = "default"
+
+
 def engine_variant(name: str) -> tuple[str, dict]:
-    """'float32+int8enc' -> ('float32', {'whisper_align': {'encoder_int8': True}}) for --additional-config."""
+    """'float32+int8enc' -> ('float32', {'whisper_align': {'encoder_int8': True}}) for --additional-config.
+
+    The dtype of DEFAULT_VARIANT is "default": the runner passes none and reports the engine's choice.
+    """
     dtype, int8_encoder = name.removesuffix(INT8_ENCODER_SUFFIX), name.endswith(INT8_ENCODER_SUFFIX)
     return dtype, ({"whisper_align": {"encoder_int8": True}} if int8_encoder else {})
 

@@ -9,10 +9,11 @@
 
 Systems (each a subprocess in its own venv under benchmarks/.venvs/, created on first use):
   openai-whisper  whisper.transcribe(word_timestamps=True), fp32, one file at a time — the reference
-  faster-whisper  CTranslate2 int8 and float32, 1 and 2 threads (num_workers=2)
+  faster-whisper  CTranslate2 int8 and float32, cpu_threads x num_workers swept up to the cores (+ 2x2)
   transformers    ASR pipeline return_timestamps="word", fp32, batch_size 1 and 8
   offline         this project's WhisperAligner (vllm.LLM), float32 and bfloat16, word timestamps on/off
-  http            this project's `vllm-whisper-align serve`, openai client at concurrency 1, 8, 32 (+ off at 32)
+  http            this project's `vllm-whisper-align serve`: its defaults first (no --dtype), then tuned
+                  variants; openai client at concurrency 1, 8, 32 (+ off at 32)
 
 Raw per-file words of each system: benchmarks/out/<system>.json; audio and truth: benchmarks/out/audio/.
 """
@@ -113,9 +114,9 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
                  *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
                  "--out", str(parts / "openai-whisper.json")])]
     if system == "faster-whisper":
-        levels = "2" if quick else "1,2"
+        configs = args.faster_configs or ("1x2" if quick else faster_whisper_configs(os.cpu_count() or 1))
         return [(f"faster-whisper-{ct}", [str(envs.python_of("faster-whisper")), str(runners / "faster_whisper_run.py"),
-                 *common, "--model", weights["ct2_dir"], "--compute-type", ct, "--concurrency", levels,
+                 *common, "--model", weights["ct2_dir"], "--compute-type", ct, "--configs", configs,
                  "--out", str(parts / f"faster-whisper-{ct}.json")])
                 for ct in args.faster_compute_types.split(",")]
     if system == "transformers":
@@ -140,6 +141,13 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
     raise ValueError(system)
 
 
+def faster_whisper_configs(cores: int) -> str:
+    """Every cpu_threads x num_workers whose product fits the cores, then 2x2 (4 threads on 2 cores:
+    oversubscribed on this machine, kept for reference)."""
+    configs = [f"{t}x{w}" for w in range(1, cores + 1) for t in range(1, cores // w + 1)]
+    return ",".join(dict.fromkeys([*configs, "2x2"]))
+
+
 def run_system(system: str, args, weights: dict, manifest: Path, out: Path, command: str) -> bool:
     parts = out / "parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -156,6 +164,8 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
         merged += data["runs"]
         if data.get("overhead_pct") is not None:
             extra.setdefault("overhead_pct", {})[part] = data["overhead_pct"]
+        if data.get("after_warm_up"):
+            extra.setdefault("after_warm_up", {})[part] = data["after_warm_up"]
     if merged:
         raw = {"system": system, "finished": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
                "manifest": json.loads(manifest.read_text()), "runs": merged, **extra}
@@ -168,7 +178,7 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
 # ------------------------------------------------------------------------------------------------
 
 ROW_FIELDS = [
-    "system", "model", "precision", "concurrency", "word_timestamps", "audio_s_per_wall_s",
+    "system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
     "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "end_mae_ms",
     "start_median_ms", "start_bias_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
     "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct", "words_spoken", "ref_words_compared",
@@ -178,6 +188,8 @@ ROW_FIELDS = [
 
 def row_label(row: dict) -> str:
     label = f"{row['system']} {row['precision']} c={row['concurrency']}"
+    if row.get("config"):
+        label += f" ({row['config']})"
     return label if row.get("word_timestamps", True) else label + " (no word timestamps)"
 
 
@@ -262,6 +274,8 @@ def write_report(out: Path, report_dir: Path, truth: dict, command: str, quick: 
         "machine": machine_info(),
         "command": command,
         "raw_outputs_by": produced_by,
+        "raws_extra": {system: {"after_warm_up": raw["after_warm_up"]} for system, raw in raws.items()
+                       if raw.get("after_warm_up")},
         "quick": quick,
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
         "audio": {"clips": len(clips), "seconds": round(sum(c["duration"] for c in clips), 1),
@@ -300,10 +314,10 @@ def _fmt(value, digits=1) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    head = ["system", "model", "precision", "conc.", "word ts", "audio s / wall s", "p50 lat. s", "p95 lat. s",
+    head = ["system", "model", "precision", "config", "conc.", "word ts", "audio s / wall s", "p50 lat. s", "p95 lat. s",
             "peak RSS MiB", "peak PSS MiB", "start MAE ms", "start median ms", "end MAE ms", "≤50 ms %", "≤100 ms %", "≤200 ms %",
             "ref ≤20 ms %", "ref ≤100 ms %", "words matched %"]
-    keys = ["system", "model", "precision", "concurrency", "word_timestamps", "audio_s_per_wall_s",
+    keys = ["system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
             "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "start_median_ms",
             "end_mae_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
             "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct"]
@@ -431,12 +445,54 @@ def memory_per_request(rows: list[dict]) -> list[str]:
     if not lines:
         return []
     return ["## Memory per concurrent request", "", *lines, "",
-            "vLLM reserves its KV cache up front (`VLLM_CPU_KVCACHE_SPACE`, 2 GiB here), so requests in flight "
-            "fill memory that is already counted. For tiny.en in float32 a request needs about 18 MiB of "
-            "cross-attention KV (1500 frames × 4 layers × K and V × 384 × 4 bytes), a few MiB of self-attention "
-            "KV (up to 5 MiB at 448 tokens), and, with word timestamps, a capture slot of about 4 MiB outside the "
-            "KV cache (8 alignment heads' keys over 1500 frames, 3 MiB, and their queries over 448 rows). The "
-            "2 GiB reservation holds about 90 such requests.", ""]
+            "vLLM reserves its KV cache up front; `serve` sizes it to the model (`engine_defaults.kv_cache_bytes`: "
+            "`max_num_seqs` requests at full length, with 25% headroom), so requests in flight fill memory that is "
+            "already counted. For tiny.en in float32 a request needs 24 MiB of KV (12 blocks of 128 encoder rows "
+            "and 4 blocks of 128 decoder tokens, in 4 layers, K and V × 384 × 4 bytes; half in bfloat16), and, "
+            "with word timestamps, a capture slot of about 4 MiB outside the KV cache (8 alignment heads' keys "
+            "over 1500 frames, 3 MiB, and their queries over 448 rows).", ""]
+
+
+def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
+    """Our default server and our best configuration, each as a ratio to faster-whisper's best row."""
+    on = [r for r in rows if r.get("word_timestamps", True) and r.get("audio_s_per_wall_s")]
+    speed = lambda r: r["audio_s_per_wall_s"]  # noqa: E731
+    peer = max((r for r in on if r["system"] == "faster-whisper"), key=speed, default=None)
+    ours = [r for r in on if r["system"] in OURS_SYSTEMS]
+    defaults = [r for r in ours if "serve's default" in (r["precision"] or "")]
+    if peer is None or not ours:
+        return []
+    lines = ["## Against faster-whisper's best", "",
+             f"faster-whisper's best configuration: {row_label(peer)}, {speed(peer):.2f} audio s / wall s "
+             "(every cpu_threads × num_workers swept, word timestamps on).", ""]
+    if defaults:
+        default = max(defaults, key=lambda r: r["concurrency"])
+        lines.append(f"- our default server ({row_label(default)}): {speed(default):.2f}, "
+                     f"**{speed(default) / speed(peer):.2f}×** ({_verdict(speed(default) / speed(peer))})")
+    best = max(ours, key=speed)
+    lines.append(f"- our best configuration ({row_label(best)}): {speed(best):.2f}, "
+                 f"**{speed(best) / speed(peer):.2f}×** ({_verdict(speed(best) / speed(peer))})")
+    commands = {raws_by.get("faster-whisper"), *(raws_by.get(system) for system in OURS)} - {None}
+    if len(commands) > 1:
+        lines.append("- Not all from one invocation (see below): machine load may differ between them.")
+    return lines + [""]
+
+
+def memory_after_warm_up(raws: dict) -> list[str]:
+    """What each process of our server's tree holds once it has served a few requests."""
+    lines = []
+    for part, idle in (raws.get("http", {}).get("after_warm_up") or {}).items():
+        processes = idle.get("processes") or []
+        total_pss = sum(p["pss_mib"] for p in processes)
+        total_rss = sum(p["rss_mib"] for p in processes)
+        slot_mib = (idle.get("capture") or {}).get("slot_bytes", 0) / 2**20
+        lines.append(f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} processes "
+                     f"(capture pool {slot_mib:.0f} MiB):")
+        lines += [f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB" for p in processes]
+    if not lines:
+        return []
+    return ["## Server memory after warm-up", "", "Per process of `vllm-whisper-align serve`'s tree after 16 "
+            "warm-up requests (8 clips with word timestamps, 8 without), before the timed passes:", "", *lines, ""]
 
 
 def _produced_by(result: dict) -> list[str]:
@@ -468,7 +524,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "[TUNING.md](TUNING.md). Variants named `+int8enc` run the encoder's linear layers in int8 "
         "(`--additional-config '{\"whisper_align\": {\"encoder_int8\": true}}'`).",
         "", "## Results", "", _table(rows), "",
-        "Columns: *conc.* = requests in flight (HTTP: client semaphore; faster-whisper: threads; transformers: "
+        "Columns: *config* = faster-whisper's cpu_threads × num_workers. "
+        "*conc.* = requests in flight (HTTP: client semaphore; faster-whisper: num_workers; transformers: "
         "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = total "
         "audio duration / wall time of the pass (model loading and warm-up excluded). *p50/p95 lat.* = per "
         "request (HTTP: send to response; faster-whisper and openai-whisper: per file; transformers: the "
@@ -490,7 +547,9 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
                   "~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass each) carry that "
                   "noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
     lines += targets(rows, result["overhead_pct"])
+    lines += against_peer_best(rows, result.get("raw_outputs_by") or {})
     lines += memory_per_request(rows)
+    lines += memory_after_warm_up(result.get("raws_extra") or {})
     lines += ["## Ours vs each peer", ""]
     lines += comparisons(rows) or ["(not enough rows to compare)"]
     lines += [""]
@@ -534,9 +593,13 @@ def main() -> int:
     parser.add_argument("--dtypes", default="float32,float32+int8enc",
                         help="offline runs of this project: dtypes, each optionally +int8enc (encoder linears in "
                              "int8); bfloat16 is only worth it on CPUs with native bf16")
-    parser.add_argument("--http-dtypes", default="float32,float32+int8enc", help="HTTP runs of this project")
+    parser.add_argument("--http-dtypes", default="default,float32,float32+int8enc",
+                        help="HTTP runs of this project; `default` passes no --dtype (serve as a user starts it)")
     parser.add_argument("--http-concurrency", default="1,8,32")
     parser.add_argument("--faster-compute-types", default="int8,float32")
+    parser.add_argument("--faster-configs", default=None,
+                        help="faster-whisper cpu_threads x num_workers, e.g. 1x1,2x1,1x2 (default: every "
+                             "product up to the cores, plus 2x2)")
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--transformers-batch-sizes", default="1,8", help="transformers pipeline batch sizes")
     parser.add_argument("--transformers-max-new-tokens", type=int, default=0,

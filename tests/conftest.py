@@ -62,8 +62,13 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(model: str | Path, log_dir: Path, served_name: str, env: dict | None = None, args=()):
-    """`vllm-whisper-align serve MODEL` in a subprocess; yields its base URL once /health answers."""
+def running_server(model: str | Path, log_dir: Path, served_name: str | None = None, env: dict | None = None,
+                   args=()):
+    """`vllm-whisper-align serve MODEL` in a subprocess; yields its base URL once /health answers.
+
+    Without ``served_name`` the server picks its own (a name, not MODEL's path); the KV cache is
+    serve's own default, sized to the model.
+    """
     import httpx
 
     port = _free_port()
@@ -71,9 +76,10 @@ def running_server(model: str | Path, log_dir: Path, served_name: str, env: dict
     command = [
         str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "32",
-        "--served-model-name", served_name, *args,
+        *(["--served-model-name", served_name] if served_name else []), *args,
     ]
-    full_env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", **(env or {}))
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the aligner fixture sets it in this process
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     base = f"http://127.0.0.1:{port}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,15 +84,22 @@ def test_missing_file_alone_fails_fast_with_one_line(tmp_path):
     assert len(error_lines(result.stderr)) == 1
 
 
-def test_align_manifest(audio_files, tmp_path):
+def test_align_manifest_on_the_default_engine(audio_files, tmp_path):
+    """No --dtype: the engine runs the dtype chosen for this CPU (float32 without native bf16), not the
+    model's float16; vLLM's own config line says what it runs."""
+    from vllm_whisper_align.engine_defaults import cpu_flags, fast_dtype
+
     folder, paths, clips = audio_files
     manifest = tmp_path / "items.jsonl"
     manifest.write_text(
         json.dumps({"audio": str(paths[0]), "text": clips[0].text}) + "\n"
         + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"}) + "\n"
     )
-    result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--output-dir", str(tmp_path), *ENGINE_OPTIONS)
+    result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--output-dir", str(tmp_path),
+                     "--max-num-seqs", "4")
     assert result.returncode == 1
+    engine_dtypes = set(re.findall(r"dtype=torch\.(\w+)", result.stderr + result.stdout))
+    assert engine_dtypes == {fast_dtype(True, cpu_flags())}, result.stderr[-3000:]
     assert len(error_lines(result.stderr)) == 1
     srt = (tmp_path / f"{paths[0].stem}.srt").read_text()
     assert "-->" in srt and clips[0].words[0].lower() in srt.lower()

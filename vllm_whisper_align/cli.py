@@ -221,30 +221,39 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     from vllm_whisper_align.checkpoints import resolve_model
 
     model = resolve_model(model_name)
-    defaults = _serve_defaults(server_argv)
-    env = dict(os.environ)
+    defaults, engine_env = _serve_defaults(model_name, model, server_argv)
+    env = {**os.environ, **engine_env}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
-    env.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
     return 0
 
 
-def _serve_defaults(server_argv: list[str]) -> list[str]:
-    from vllm.platforms import current_platform
+def _serve_defaults(
+    model_name: str | None, model: str, server_argv: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    """The engine flags the user did not give, and the environment the server must start with.
 
-    from vllm_whisper_align.offline import PARALLEL_SIZE_ARGS, set_cpu_environment
+    Decided by engine_defaults, as for the offline API; the served name is the model's name, not
+    the path it was resolved to.
+    """
+    import argparse
 
-    defaults = []
-    if current_platform.is_cpu():
-        long_flags = ["--" + name.replace("_", "-") for name in PARALLEL_SIZE_ARGS]
-        parallel_flags = {*long_flags, "-tp", "-pp", "-dp"}
-        set_cpu_environment(single_worker=not any(a.split("=")[0] in parallel_flags for a in server_argv))
-        if not any(a.startswith("--gpu-memory-utilization") for a in server_argv):
-            defaults += ["--gpu-memory-utilization", "0.5"]
-    return defaults
+    from vllm_whisper_align.engine_defaults import engine_environment, engine_settings, served_model_name
+
+    parser = _engine_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS  # so that only options the user wrote come back
+    given = vars(parser.parse_known_args(server_argv)[0])
+    settings = engine_settings(model, given)
+    if "served_model_name" not in given:
+        settings["served_model_name"] = served_model_name(model_name)
+    flags = []
+    for name, value in settings.items():
+        flags += ["--" + name.replace("_", "-"), json.dumps(value) if isinstance(value, dict) else str(value)]
+    return flags, engine_environment(given)
 
 
 def _one_line(error: BaseException) -> str:

@@ -18,6 +18,7 @@ from vllm.logger import init_logger
 from vllm_whisper_align import decoding, results
 from vllm_whisper_align.audio import AudioSource, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
+from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.params import AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.plugin import RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
@@ -26,42 +27,15 @@ logger = init_logger(__name__)
 
 
 def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
-    """Engine settings that work for Whisper on CPU and GPU; anything given overrides them."""
-    from vllm.platforms import current_platform
+    """Engine settings sized to the model and the machine (see engine_defaults); anything given wins.
 
-    args: dict[str, Any] = {
-        "model": model,
-        "limit_mm_per_prompt": {"audio": 1},
-        "max_num_seqs": 32,
-    }
-    if current_platform.is_cpu():
-        # The CPU backend checks one NUMA node's memory, and sizes its KV cache from this variable.
-        args["gpu_memory_utilization"] = 0.5
-        single_worker = all(overrides.get(k) in (None, 1) for k in PARALLEL_SIZE_ARGS)
-        set_cpu_environment(single_worker)
-    args.update({k: v for k, v in overrides.items() if v is not None})
+    Returns arguments only: the environment the engine also needs is :func:`engine_environment`'s.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    args = {"model": model, **engine_settings(model, given), **given}
     # Checked here so that a typo is one clear error, not an engine that fails to start.
     WhisperAlignConfig.from_additional_config(args.get("additional_config"))
     return args
-
-
-PARALLEL_SIZE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-# Up to this many cores, the model's threads get every core (see set_cpu_environment).
-ALL_CORES_UP_TO = 4
-
-
-def set_cpu_environment(single_worker: bool) -> None:
-    """Environment the CPU backend reads when the engine starts; values already set win.
-
-    vLLM binds the model's OpenMP threads to all cores but one, which it leaves to its scheduler and
-    API processes. Those mostly wait on the model, so on a small machine the reserved core is lost:
-    on 2 cores, binding both took offline throughput from 9.4 to 15.1 audio-s per wall-s
-    (benchmarks/TUNING.md). With more workers (TP/PP/DP) vLLM needs one list per worker: left alone.
-    """
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    cores = sorted(os.sched_getaffinity(0))
-    if single_worker and len(cores) <= ALL_CORES_UP_TO:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
 
 
 class WhisperAligner:
@@ -70,9 +44,11 @@ class WhisperAligner:
     def __init__(self, model: str | None = None, **engine_args: Any):
         from vllm import LLM
 
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         self.model = resolve_model(model)
-        self.llm = LLM(**default_engine_args(self.model, **engine_args))
+        args = default_engine_args(self.model, **engine_args)
+        # The one place the offline API changes os.environ: the engine's processes inherit it.
+        os.environ.update(engine_environment(args))
+        self.llm = LLM(**args)
         model_config = self.llm.llm_engine.model_config
         tokenizer = self.llm.get_tokenizer()
         self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)

@@ -1,9 +1,9 @@
 """faster-whisper (CTranslate2): WhisperModel.transcribe with word_timestamps=True, greedy.
-One process per compute type; each concurrency c runs the files on c threads sharing one model
-with num_workers=c, as faster-whisper documents for parallel transcriptions.
-Runs in benchmarks/.venvs/faster-whisper.
+One process per compute type. Each configuration TxW loads the model with cpu_threads=T and
+num_workers=W and runs the files on W threads, as faster-whisper documents for parallel
+transcriptions. Runs in benchmarks/.venvs/faster-whisper.
 
-    python runners/faster_whisper_run.py --manifest M --model CT2_DIR --compute-type int8 --concurrency 1,2 --out OUT.json
+    python runners/faster_whisper_run.py --manifest M --model CT2_DIR --compute-type int8 --configs 1x1,2x1,1x2 --out OUT.json
 """
 
 from __future__ import annotations
@@ -20,21 +20,19 @@ from common import RssSampler, load_manifest, runner_parser, shortest, load_wav,
 def main() -> None:
     parser = runner_parser("CTranslate2 Whisper dir")
     parser.add_argument("--compute-type", default="int8")
-    parser.add_argument("--concurrency", default="1,2")
-    parser.add_argument("--cpu-threads", type=int, default=2)
+    parser.add_argument("--configs", default="1x1,2x1,1x2",
+                        help="cpu_threads x num_workers per configuration (files run on num_workers threads)")
     args = parser.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    configs = [tuple(int(n) for n in config.split("x")) for config in args.configs.split(",")]
 
     sampler = RssSampler().start()
     from faster_whisper import WhisperModel
 
-    model = WhisperModel(args.model, device="cpu", compute_type=args.compute_type,
-                         cpu_threads=args.cpu_threads, num_workers=max(levels))
     items = load_manifest(args.manifest)
     audio = {item["id"]: load_wav(item["path"]) for item in items}
     audio_s = round(sum(i["duration"] for i in items), 3)
 
-    def transcribe(clip_id):
+    def transcribe(model, clip_id):
         start = time.perf_counter()
         segments, _info = model.transcribe(
             audio[clip_id], language="en", word_timestamps=True, beam_size=1, vad_filter=False,
@@ -45,22 +43,27 @@ def main() -> None:
         return clip_id, {"text": "".join(s.text for s in segments), "words": word_dicts(words),
                          "latency_s": round(time.perf_counter() - start, 4)}
 
-    transcribe(shortest(items))  # warm-up
     runs = []
-    for level in levels:
+    for threads, workers in configs:
+        t_load = time.perf_counter()
+        model = WhisperModel(args.model, device="cpu", compute_type=args.compute_type,
+                             cpu_threads=threads, num_workers=workers)
+        transcribe(model, shortest(items))  # warm-up
         t0 = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=level) as pool:
-            files = dict(pool.map(transcribe, [i["id"] for i in items]))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            files = dict(pool.map(lambda clip_id: transcribe(model, clip_id), [i["id"] for i in items]))
         t1 = time.perf_counter()
+        del model
         runs.append(run_record(
-            system="faster-whisper", model=args.model_name, precision=args.compute_type, concurrency=level,
-            mode=f"{level} threads, num_workers={max(levels)}, cpu_threads={args.cpu_threads}",
+            system="faster-whisper", model=args.model_name, precision=args.compute_type, concurrency=workers,
+            config=f"{threads} thread{'s' * (threads > 1)} × {workers} worker{'s' * (workers > 1)}",
+            mode=f"{workers} client threads, num_workers={workers}, cpu_threads={threads}",
             audio_s=audio_s, wall_s=round(t1 - t0, 3),
             latencies_s=[files[i["id"]]["latency_s"] for i in items],
-            peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
+            peak_rss_mib=sampler.peak_between(t_load, t1), peak_pss_mib=sampler.peak_between(t_load, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
             files={i["id"]: files[i["id"]] for i in items},
         ))
-        log(f"faster-whisper {args.compute_type} c={level}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
+        log(f"faster-whisper {args.compute_type} {threads}x{workers}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
     sampler.stop()
     write_output(args.out, "faster-whisper", runs)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,10 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label, run_record, word_dicts, write_output,
+    DEFAULT_VARIANT, RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label, run_record,
+    tree_memory, word_dicts, write_output,
 )
-
-SERVED_NAME = "whisper-tiny.en"
 
 
 def free_port() -> int:
@@ -36,16 +36,24 @@ def free_port() -> int:
 def start_server(model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "vllm-whisper-align"
     dtype, additional_config = engine_variant(variant)
+    # Everything else (KV cache size, served name, thread binding) is serve's own default.
     command = [str(exe), "serve", *([model] if model else []), "--host", "127.0.0.1", "--port", str(port),
-               "--dtype", dtype, "--max-num-seqs", str(max_num_seqs), "--served-model-name", SERVED_NAME]
+               "--max-num-seqs", str(max_num_seqs)]
+    if dtype != DEFAULT_VARIANT:
+        command += ["--dtype", dtype]
     if additional_config:
         command += ["--additional-config", json.dumps(additional_config)]
     env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"http: starting {' '.join(command)} (log: {log_path})")
     return subprocess.Popen(command, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
+
+
+def engine_dtype(log_path: Path) -> str:
+    """The dtype the engine runs, from vLLM's own config line in the server log."""
+    match = re.search(r"dtype=torch\.(\w+)", log_path.read_text(errors="replace"))
+    return match.group(1) if match else "unknown"
 
 
 def wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float = 900) -> None:
@@ -102,6 +110,13 @@ async def one_pass(client, model_id: str, items, blobs, concurrency: int, word_t
     return time.perf_counter() - t0, dict(results)
 
 
+async def capture_stats(base: str) -> dict:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"{base}/v1/audio/alignments/stats", timeout=60)).json()
+
+
 def main() -> None:
     parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
     parser.add_argument("--concurrency", default="1,8,32")
@@ -123,8 +138,12 @@ def main() -> None:
     proc = start_server(args.model, args.dtype, args.max_num_seqs, port, log_path)
     sampler = RssSampler(proc.pid).start()
     runs = []
+    idle = {}  # per process memory and capture pool after the warm-up requests
     try:
         wait_healthy(base, proc)
+        precision = precision_label(engine_dtype(log_path), engine_variant(args.dtype)[1])
+        if args.dtype == DEFAULT_VARIANT:
+            precision += " (serve's default)"
         startup_s = time.perf_counter() - t_launch
         log(f"http: server healthy after {startup_s:.0f} s")
 
@@ -134,12 +153,14 @@ def main() -> None:
             warm = sorted(items, key=lambda i: i["duration"])[:8]  # shortest clips
             await one_pass(client, model_id, warm, blobs, 8, True)  # warm-up
             await one_pass(client, model_id, warm, blobs, 8, False)
+            idle.update(processes=tree_memory(proc.pid), capture=await capture_stats(base))
+            log(f"http: after warm-up: {idle}")
             plan = [(c, True) for c in levels] + [(off_level, False)]
             for level, flag in plan:
                 wall, files = await one_pass(client, model_id, items, blobs, level, flag)
                 t_end = time.perf_counter()
                 runs.append(run_record(
-                    system="vllm-whisper-align (HTTP)", model=args.model_name, precision=precision_label(*engine_variant(args.dtype)),
+                    system="vllm-whisper-align (HTTP)", model=args.model_name, precision=precision,
                     concurrency=level, mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
                     word_timestamps=flag, audio_s=audio_s, wall_s=round(wall, 3),
                     latencies_s=[files[i["id"]]["latency_s"] for i in items],
@@ -159,7 +180,7 @@ def main() -> None:
     overhead = None
     if on:
         overhead = round(100 * (off["audio_s_per_wall_s"] - on["audio_s_per_wall_s"]) / off["audio_s_per_wall_s"], 2)
-    write_output(args.out, "vllm-whisper-align (HTTP)", runs, overhead_pct=overhead)
+    write_output(args.out, "vllm-whisper-align (HTTP)", runs, overhead_pct=overhead, after_warm_up=idle)
 
 
 if __name__ == "__main__":

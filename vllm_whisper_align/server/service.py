@@ -90,7 +90,8 @@ class AlignmentService:
     def check_model(self, model: str | None) -> None:
         if model and model not in self.served_model_names:
             raise RequestError(
-                f"The model {echo(model)} does not exist; this server serves {self.served_model_names}", "model"
+                f"The model {echo(model)} does not exist; this server serves "
+                + ", ".join(f"`{name}`" for name in self.served_model_names), "model",
             )
 
     def checked_language(self, language: str | None, task: str = "transcribe") -> str | None:

@@ -1,0 +1,99 @@
+"""Engine settings decided from the model and the machine, without starting an engine."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_whisper_align import cli, engine_defaults
+from vllm_whisper_align.engine_defaults import (
+    cpu_flags, engine_environment, fast_dtype, kv_cache_bytes, served_model_name,
+)
+from vllm_whisper_align.offline import default_engine_args
+
+ZEN3_FLAGS = frozenset("fpu sse sse2 avx avx2 fma f16c".split())
+TINY = SimpleNamespace(d_model=384, decoder_layers=4, max_target_positions=448, max_source_positions=1500)
+
+
+def test_dtype_follows_native_bf16():
+    assert fast_dtype(True, ZEN3_FLAGS) == "float32"  # f16c converts, it does not compute
+    assert fast_dtype(True, ZEN3_FLAGS | {"avx512f", "avx512_bf16"}) == "bfloat16"
+    assert fast_dtype(True, ZEN3_FLAGS | {"amx_bf16", "amx_tile"}) == "bfloat16"
+    assert fast_dtype(True, frozenset()) == "float32"
+    assert fast_dtype(False, ZEN3_FLAGS) is None  # GPU: the model's own dtype
+
+
+def test_cpu_flags_from_cpuinfo(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_kv_cache_fits_max_num_seqs_full_length_requests():
+    # tiny.en: 4 + 12 blocks of 128 tokens (448 decoder tokens, 1500 encoder rows), in 4 decoder
+    # layers, K and V of 384 values: 24 MiB per request in float32, 12 MiB in bfloat16.
+    assert kv_cache_bytes(TINY, "float32", 32) == 24 * 2**20 * 32 * 1.25
+    assert kv_cache_bytes(TINY, "bfloat16", 32) == 12 * 2**20 * 32 * 1.25
+    assert kv_cache_bytes(TINY, "float32", 1, block_size=16) == (28 + 94) * 16 * 2 * 384 * 4 * 4 * 1.25
+
+
+def test_served_name_is_a_name(tmp_path):
+    assert served_model_name(None) == "whisper-tiny.en"
+    assert served_model_name("tiny.en") == "whisper-tiny.en"
+    assert served_model_name("base") == "whisper-base"
+    assert served_model_name("openai/whisper-large-v3") == "openai/whisper-large-v3"
+    model_dir = tmp_path / "models" / "my-whisper"
+    model_dir.mkdir(parents=True)
+    assert served_model_name(str(model_dir)) == "my-whisper"
+    assert served_model_name(f"{model_dir}/") == "my-whisper"
+
+
+def test_environment_is_returned_not_applied(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    before = dict(os.environ)
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    wanted = engine_environment({})
+    if len(cores.split(",")) <= engine_defaults.ALL_CORES_UP_TO:
+        assert wanted["VLLM_CPU_OMP_THREADS_BIND"] == cores
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({"tensor_parallel_size": 2})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({}, {"VLLM_CPU_OMP_THREADS_BIND": "0"})
+    assert dict(os.environ) == before
+
+
+def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    before = dict(os.environ)
+    args = default_engine_args(str(model_dir))
+    assert dict(os.environ) == before
+    dtype = fast_dtype(True, cpu_flags())
+    assert args["dtype"] == dtype
+    assert args["kv_cache_memory_bytes"] == kv_cache_bytes(TINY, dtype, args["max_num_seqs"])
+    given = default_engine_args(str(model_dir), dtype="float16", kv_cache_memory_bytes=10**9, max_num_seqs=4)
+    assert (given["dtype"], given["kv_cache_memory_bytes"], given["max_num_seqs"]) == ("float16", 10**9, 4)
+
+
+def test_user_kv_space_variable_wins(model_dir, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    assert "kv_cache_memory_bytes" not in default_engine_args(str(model_dir))
+
+
+USER_SERVE_ARGV = ["--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1"]
+
+
+@pytest.mark.parametrize("argv", [[], USER_SERVE_ARGV])
+def test_serve_passes_only_what_the_user_did_not(model_dir, argv):
+    flags, env = cli._serve_defaults(None, str(model_dir), argv)
+    options = dict(zip(flags[::2], flags[1::2]))
+    if argv:
+        assert "--dtype" not in options and "--served-model-name" not in options
+    else:
+        assert options["--dtype"] == fast_dtype(True, cpu_flags())
+        assert options["--served-model-name"] == "whisper-tiny.en"
+    assert int(options["--kv-cache-memory-bytes"]) > 0
+    assert env.get("VLLM_WORKER_MULTIPROC_METHOD", os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")) == "spawn"

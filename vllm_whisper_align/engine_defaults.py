@@ -1,0 +1,192 @@
+"""Engine settings sized to the model and the machine, for the offline API and ``serve`` alike.
+
+Decided here and nowhere else, each only when the user did not set it:
+
+- dtype: on CPU, float32 unless the CPU has native bf16 (then bfloat16). The bundled tiny.en carries
+  ``torch_dtype: float16``, and on a CPU without native half precision float16 ran at a sixth of
+  float32's speed. On GPU the model's own dtype stays.
+- KV cache: on CPU, vLLM reserves a fixed amount up front. It is sized from the model's decoder
+  (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``.
+- thread binding (environment only; see :func:`engine_environment`).
+- the served model id: a name, never a filesystem path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_MAX_NUM_SEQS = 32
+# On CPU, --gpu-memory-utilization is the share of one NUMA node's memory the worker may ask for.
+CPU_MEMORY_UTILIZATION = 0.5
+PARALLEL_SIZE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+# Up to this many cores, the model's threads get every core (see engine_environment).
+ALL_CORES_UP_TO = 4
+
+# x86 flags in /proc/cpuinfo of CPUs that compute bf16 natively (AVX512-BF16 dot products, AMX tiles).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# vLLM's CPU backend stores the KV cache in blocks of this many tokens (vllm/platforms/cpu.py).
+CPU_KV_BLOCK_SIZE = 128
+# Over what 32 requests need at full length: blocks are allocated whole, and the scheduler must be
+# able to admit a new request while the one it replaces still holds its blocks.
+KV_HEADROOM = 1.25
+# Used when the model's config cannot be read here (vLLM will then report why): vLLM's old default.
+FALLBACK_KV_CACHE_BYTES = 2 * 2**30
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+# ---- dtype ---------------------------------------------------------------------------------------
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The first processor's feature flags (empty where /proc/cpuinfo has none)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def fast_dtype(on_cpu: bool, flags: frozenset[str]) -> str | None:
+    """The dtype to run when the user gives none; None keeps the model's own (GPU)."""
+    if not on_cpu:
+        return None
+    return "bfloat16" if flags & NATIVE_BF16_FLAGS else "float32"
+
+
+# ---- KV cache ------------------------------------------------------------------------------------
+
+
+def kv_cache_bytes(hf_config: Any, dtype: str, max_num_seqs: int, block_size: int = CPU_KV_BLOCK_SIZE) -> int:
+    """KV cache for ``max_num_seqs`` Whisper requests at full length, with headroom.
+
+    Each request holds, in every decoder layer, K and V for up to ``max_target_positions`` (448)
+    decoder tokens and for the ``max_source_positions`` (1500) encoder rows of its cross-attention,
+    each rounded up to whole blocks. Whisper's attention has as many KV heads as heads, so one
+    token's K or V is ``d_model`` values.
+    """
+    blocks = math.ceil(hf_config.max_target_positions / block_size)
+    blocks += math.ceil(hf_config.max_source_positions / block_size)
+    per_token = 2 * hf_config.d_model * DTYPE_BYTES[dtype]
+    per_request = blocks * block_size * per_token * hf_config.decoder_layers
+    return math.ceil(per_request * max_num_seqs * KV_HEADROOM)
+
+
+def _model_dtype(hf_config: Any) -> str:
+    dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None) or "float32"
+    return str(dtype).removeprefix("torch.")
+
+
+def _load_config(model: str) -> Any | None:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as error:
+        logger.warning("whisper-align: cannot read %s's config to size the KV cache (%s)", model, error)
+        return None
+
+
+# ---- the settings --------------------------------------------------------------------------------
+
+
+def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Engine arguments for ``model`` that the user has not set in ``given`` (engine argument names)."""
+    from vllm.platforms import current_platform
+
+    settings: dict[str, Any] = {"limit_mm_per_prompt": {"audio": 1}, "max_num_seqs": DEFAULT_MAX_NUM_SEQS}
+    on_cpu = current_platform.is_cpu()
+    dtype = fast_dtype(on_cpu, cpu_flags())
+    if dtype is not None:
+        settings["dtype"] = dtype
+    if on_cpu:
+        settings["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+        # vLLM lets this variable override the engine argument (a legacy setting), so it wins here too.
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            merged = {**settings, **given}
+            settings["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(model, merged)
+    chosen = {name: value for name, value in settings.items() if given.get(name) is None}
+    _log_choices(chosen, on_cpu)
+    return chosen
+
+
+def _cpu_kv_cache_bytes(model: str, args: Mapping[str, Any]) -> int:
+    hf_config = _load_config(model)
+    if hf_config is None:
+        return FALLBACK_KV_CACHE_BYTES
+    dtype = args.get("dtype") or "auto"
+    if dtype == "auto":
+        dtype = _model_dtype(hf_config)
+    block_size = args.get("block_size") or CPU_KV_BLOCK_SIZE
+    # A dtype not listed (an fp8 KV cache, say) is sized as float32: more than it needs.
+    return kv_cache_bytes(hf_config, dtype if dtype in DTYPE_BYTES else "float32", args["max_num_seqs"],
+                          block_size)
+
+
+def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
+    parts = []
+    if "dtype" in chosen:
+        reason = "CPU with native bf16" if chosen["dtype"] == "bfloat16" else "CPU without native bf16/fp16"
+        parts.append(f"dtype {chosen['dtype']} ({reason}; --dtype overrides)")
+    if "kv_cache_memory_bytes" in chosen:
+        parts.append(f"KV cache {chosen['kv_cache_memory_bytes'] / 2**20:.0f} MiB "
+                     f"(sized to the model; --kv-cache-memory-bytes overrides)")
+    if "max_num_seqs" in chosen:
+        parts.append(f"max_num_seqs {chosen['max_num_seqs']}")
+    if parts:
+        logger.info("whisper-align defaults for this %s: %s", "CPU" if on_cpu else "GPU", ", ".join(parts))
+
+
+# ---- environment ---------------------------------------------------------------------------------
+
+
+def engine_environment(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Variables the engine's processes must inherit, minus those already set (the user's win).
+
+    Thread binding has no engine argument: vLLM's CPU worker reads VLLM_CPU_OMP_THREADS_BIND from its
+    environment, which it inherits from the process that starts the engine. So the caller applies
+    what this returns to that environment: ``WhisperAligner`` to ``os.environ`` before it builds the
+    engine, ``serve`` to the environment of the server it execs.
+
+    vLLM binds the model's OpenMP threads to all cores but one, which it leaves to its scheduler and
+    API processes. Those mostly wait on the model, so on a small machine the reserved core is lost:
+    on 2 cores, binding both took offline throughput from 9.4 to 15.1 audio-s per wall-s
+    (benchmarks/TUNING.md). With more workers (TP/PP/DP) vLLM needs one list per worker: left alone.
+    Workers start with spawn: forking a process that holds CUDA or OpenMP state breaks them.
+    """
+    from vllm.platforms import current_platform
+
+    wanted = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+    single_worker = all(given.get(name) in (None, 1) for name in PARALLEL_SIZE_ARGS)
+    cores = sorted(os.sched_getaffinity(0))
+    if current_platform.is_cpu() and single_worker and len(cores) <= ALL_CORES_UP_TO:
+        wanted["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
+# ---- served name ---------------------------------------------------------------------------------
+
+
+def served_model_name(model_arg: str | None) -> str:
+    """The id clients see in /v1/models for what the user asked for (``serve``'s MODEL argument).
+
+    A bundled model's name (``whisper-tiny.en``, ``whisper-base``); an existing directory's basename;
+    otherwise the argument itself (a Hugging Face id such as ``openai/whisper-large-v3``).
+    """
+    from vllm_whisper_align.checkpoints import BUNDLED_MODEL_NAMES, DEFAULT_BUNDLED_MODEL
+
+    model_arg = model_arg or DEFAULT_BUNDLED_MODEL
+    if model_arg in BUNDLED_MODEL_NAMES:
+        return BUNDLED_MODEL_NAMES[model_arg]
+    path = Path(model_arg).expanduser()
+    if path.is_dir():
+        return path.resolve().name
+    return model_arg
