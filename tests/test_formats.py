@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vllm_whisper_align.formats import (
+    SubtitleOptions,
     EXTENSIONS,
     format_timestamp,
     to_json,
@@ -257,3 +258,66 @@ def test_write_result_dispatch():
         write_result(result, "docx")
     with pytest.raises(ValueError):
         write_result(result, "srt", "sentence")
+
+
+# ---------------------------------------------------------------------------- line controls
+
+
+def _reference_srt(segments_with_words, **options) -> str:
+    import io
+
+    from whisper.utils import WriteSRT
+
+    result = {"segments": [
+        {"start": ws[0]["start"], "end": ws[-1]["end"], "text": "".join(w["word"] for w in ws), "words": ws}
+        for ws in segments_with_words
+    ]}
+    out = io.StringIO()
+    WriteSRT(".").write_result(result, out, options)
+    return out.getvalue()
+
+
+def _spoken_segments(seed: int) -> list[list[dict]]:
+    rng = np.random.default_rng(seed)
+    vocabulary = ["a", "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dogs", "extraordinarily,"]
+    segments, t = [], 0.0
+    for _ in range(rng.integers(1, 5)):
+        words = []
+        for _ in range(rng.integers(1, 14)):
+            t += float(rng.choice([0.05, 0.2, 0.6, 3.5], p=[0.5, 0.3, 0.15, 0.05]))
+            duration = float(rng.uniform(0.1, 0.6))
+            words.append({"word": " " + str(rng.choice(vocabulary)), "start": round(t, 2),
+                          "end": round(t + duration, 2), "probability": 0.9})
+            t += duration
+        segments.append(words)
+    return segments
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("options", [
+    {"max_line_width": 16, "max_line_count": 2},
+    {"max_line_width": 20},
+    {"max_line_count": 1},
+    {"max_words_per_line": 3},
+    {"max_line_width": 24, "max_line_count": 2, "max_words_per_line": 4, "highlight_words": True},
+    {"highlight_words": True},
+])
+def test_line_controls_lay_out_cues_as_openai_whisper(seed, options):
+    """Our result shape (OpenAI's: words at the top level, segments without words) gives the cues
+    openai-whisper's SRT writer gives for the same words in its shape."""
+    segments = _spoken_segments(seed)
+    ours_input = {
+        "text": "", "segments": [{"start": ws[0]["start"], "end": ws[-1]["end"], "text": "x"} for ws in segments],
+        "words": [dict(w, word=w["word"].strip()) for ws in segments for w in ws],  # OpenAI's unspaced words
+    }
+    ours = parse_srt(to_srt(ours_input, "segment", SubtitleOptions(**options)))
+    reference = parse_srt(_reference_srt(segments, **options))
+    assert ours == reference
+
+
+def test_line_controls_validate():
+    with pytest.raises(ValueError, match="max_line_width"):
+        SubtitleOptions(max_line_width=0)
+    with pytest.raises(ValueError, match="max_words_per_line"):
+        SubtitleOptions(max_words_per_line="3")
+    assert SubtitleOptions().is_default and not SubtitleOptions(highlight_words=True).is_default

@@ -208,6 +208,21 @@ def test_srt_and_vtt(server):
     assert vtt.text.startswith("WEBVTT")
     vtt_cues = VTT_CUE.findall(vtt.text)
     assert len(vtt_cues) >= 1 and all(cue[4].strip() for cue in vtt_cues)
+    # openai-whisper's line controls and word highlighting, on both routes.
+    lines = transcribe_raw(server, wav_bytes(clip), response_format="srt", max_line_width=12, max_line_count=2)
+    laid_out = SRT_CUE.findall(lines.text)
+    assert len(laid_out) > len(cues), lines.text
+    assert all(len(cue[3].split("\n")) <= 2 for cue in laid_out)
+    assert all(len(line) <= 12 or " " not in line for cue in laid_out for line in cue[3].split("\n"))
+    highlighted = httpx.post(
+        f"{server}/v1/audio/alignments",
+        files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
+        data={"text": clip.text, "response_format": "vtt", "highlight_words": "true"}, timeout=600,
+    )
+    underlined = [cue[4] for cue in VTT_CUE.findall(highlighted.text) if "<u>" in cue[4]]
+    assert len(underlined) == len(clip.words), highlighted.text
+    assert_openai_error(transcribe_raw(server, wav_bytes(clip), response_format="srt", max_line_width=0),
+                        "max_line_width")
 
 
 def test_bad_inputs_get_400_and_server_keeps_serving(server, client):

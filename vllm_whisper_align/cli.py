@@ -49,6 +49,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     parser.add_argument("--language", default=None, help="language code (default: detect)")
     parser.add_argument("--format", choices=RESPONSE_FORMATS, default="verbose_json")
+    lines = parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)")
+    lines.add_argument("--max-line-width", type=int, default=None, help="characters in a line")
+    lines.add_argument("--max-line-count", type=int, default=None, help="lines in a cue (with --max-line-width)")
+    lines.add_argument("--max-words-per-line", type=int, default=None, help="words in a line")
+    lines.add_argument("--highlight-words", action="store_true", help="a cue per word, the word underlined")
     parser.add_argument("--output-dir", type=Path, default=None, help="write <stem>.<ext> files here")
 
 
@@ -198,7 +203,7 @@ def _aligner(model: str | None, engine_args: dict[str, Any]):
 def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granularity: str) -> None:
     from vllm_whisper_align.formats import EXTENSIONS, write_result
 
-    text = write_result(result, args.format, granularity)
+    text = write_result(result, args.format, granularity, _subtitle_options(args))
     if args.output_dir is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
@@ -206,6 +211,14 @@ def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granulari
     target = args.output_dir / f"{Path(path).stem}.{EXTENSIONS[args.format]}"
     target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
+
+
+def _subtitle_options(args: argparse.Namespace):
+    from vllm_whisper_align.formats import SubtitleOptions
+
+    return SubtitleOptions(
+        args.max_line_width, args.max_line_count, args.max_words_per_line, args.highlight_words
+    )
 
 
 def _convert(args: argparse.Namespace) -> int:

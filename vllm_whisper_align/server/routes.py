@@ -19,7 +19,9 @@ from vllm.logger import init_logger
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.audio import AudioError, decode_audio
-from vllm_whisper_align.formats import ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, write_result
+from vllm_whisper_align.formats import (
+    ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
+)
 from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
 from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
@@ -27,6 +29,8 @@ logger = init_logger(__name__)
 
 router = APIRouter()
 
+# Subtitle line controls a form may set (openai-whisper's names), besides the flag highlight_words.
+SUBTITLE_FIELDS = ("max_line_width", "max_line_count", "max_words_per_line")
 # Seeds vLLM's own OpenAI protocol accepts (torch's int64).
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -43,6 +47,12 @@ def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
     return {"requestBody": {"content": {"multipart/form-data": {"schema": schema}}}}
 
 
+SUBTITLE_SCHEMA = {
+    **{name: {"type": "integer", "minimum": 1, "description": "srt/vtt line control (openai-whisper's)"}
+       for name in SUBTITLE_FIELDS},
+    "highlight_words": {"type": "boolean", "description": "srt/vtt: a cue per word, underlined"},
+}
+
 FORM_SCHEMA = _multipart_schema({
     "model": {"type": "string"},
     "language": {"type": "string"},
@@ -51,6 +61,7 @@ FORM_SCHEMA = _multipart_schema({
     "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}},
     "temperature": {"type": "number"},
     "stream": {"type": "boolean"},
+    **SUBTITLE_SCHEMA,
 })
 
 ALIGNMENT_SCHEMA = _multipart_schema({
@@ -59,6 +70,7 @@ ALIGNMENT_SCHEMA = _multipart_schema({
     "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
     "language": {"type": "string"},
     "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
+    **SUBTITLE_SCHEMA,
 })
 
 
@@ -153,7 +165,27 @@ def _flag(form: Any, name: str) -> bool:
     return str(_text(form, name) or "false").lower() in ("1", "true", "yes")
 
 
-def _render(result: dict[str, Any], response_format: str, granularities: list[str]) -> Response:
+def _subtitle_options(form: Any) -> SubtitleOptions:
+    """openai-whisper's line controls as form fields (srt and vtt only)."""
+    values: dict[str, Any] = {}
+    for name in SUBTITLE_FIELDS:
+        raw = _text(form, name)
+        if raw not in (None, ""):
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise RequestError(f"`{name}` must be a positive whole number; got {echo(raw)}", name) from None
+    values["highlight_words"] = _flag(form, "highlight_words")
+    try:
+        return SubtitleOptions(**values)
+    except ValueError as error:
+        raise RequestError(str(error), str(error).split()[0]) from None
+
+
+def _render(
+    result: dict[str, Any], response_format: str, granularities: list[str],
+    options: SubtitleOptions | None = None,
+) -> Response:
     if response_format == "verbose_json":
         body = dict(result)
         if "word" not in granularities:
@@ -165,7 +197,7 @@ def _render(result: dict[str, Any], response_format: str, granularities: list[st
     if response_format == "json":
         return JSONResponse({"text": result["text"]})
     granularity = "word" if "word" in granularities else "segment"
-    text = write_result(result, response_format, granularity)
+    text = write_result(result, response_format, granularity, options)
     media = {"srt": "application/x-subrip", "vtt": "text/vtt"}.get(response_format, "text/plain")
     return PlainTextResponse(text, media_type=media)
 
@@ -196,6 +228,7 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
     service.check_model(_text(form, "model"))
     response_format = _choice(form, "response_format", RESPONSE_FORMATS, "json")
     granularities = _granularities(form)
+    subtitle_options = _subtitle_options(form)
     if granularities and response_format != "verbose_json":
         raise RequestError(
             "`timestamp_granularities[]` requires `response_format=verbose_json`", "timestamp_granularities[]"
@@ -218,7 +251,7 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
         prompt=_text(form, "prompt") or None,
         sampling=_sampling(form),
     )
-    return _render(result, response_format, granularities)
+    return _render(result, response_format, granularities, subtitle_options)
 
 
 @router.post("/v1/audio/transcriptions", openapi_extra=FORM_SCHEMA)
@@ -260,6 +293,7 @@ async def create_alignment(raw_request: Request):
 async def _alignment(raw_request: Request, service: AlignmentService, form: Any) -> Response:
     service.check_model(_text(form, "model"))
     response_format = _choice(form, "response_format", ALIGNMENT_FORMATS, "json")
+    subtitle_options = _subtitle_options(form)
     text, token_ids = _text(form, "text"), _token_ids(_text(form, "tokens"))
     if (text is None) == (token_ids is None):
         raise RequestError("give exactly one of `text` or `tokens`", "text")
@@ -270,7 +304,7 @@ async def _alignment(raw_request: Request, service: AlignmentService, form: Any)
     )
     if response_format == "json":
         return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})
-    return _render(result, response_format, ["word", "segment"])
+    return _render(result, response_format, ["word", "segment"], subtitle_options)
 
 
 def _token_ids(raw: str | None) -> list[int] | None:
