@@ -15,6 +15,7 @@ from speech import long_clip, sentence_clips, write_wav
 from vllm_whisper_align.audio import (
     CHUNK_SECONDS,
     HOP_LENGTH,
+    MIN_CHUNK_SECONDS,
     SAMPLE_RATE,
     AudioChunk,
     AudioError,
@@ -378,7 +379,8 @@ def test_chunking_properties(kind, length, seed, sample_rate, chunk_seconds):
     if length <= max_length:
         assert len(chunks) == 1
     else:
-        assert all(len(chunk.samples) > 0 for chunk in chunks)
+        min_length = max(1, min(int(MIN_CHUNK_SECONDS * sample_rate), max_length // 2))
+        assert all(len(chunk.samples) >= min_length for chunk in chunks)
 
 
 def test_short_audio_is_one_chunk():
@@ -386,6 +388,20 @@ def test_short_audio_is_one_chunk():
         samples = np.ones(seconds * SAMPLE_RATE, dtype=np.float32)
         [chunk] = chunk_audio(samples)
         assert chunk.offset == 0.0 and len(chunk.samples) == len(samples)
+
+
+@pytest.mark.parametrize("tail", [1, 160, 200, 319, 479, 1000])
+def test_no_sliver_after_a_pause_at_the_window_end(tail):
+    """Noise with a pause at the end of the first window, then `tail` samples: the pause is where
+    a cut goes, which used to leave the tail alone (30.0125 s gave a 200-sample window)."""
+    max_length = CHUNK_SECONDS * SAMPLE_RATE
+    length = max_length + tail
+    samples = (0.2 * np.random.default_rng(0).standard_normal(length)).astype(np.float32)
+    samples[max_length - 2000 :] = 0.0
+    chunks = chunk_audio(samples)
+    np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), samples)
+    assert len(chunks) == 2 and all(len(c.samples) <= max_length for c in chunks)
+    assert len(chunks[1].samples) >= MIN_CHUNK_SECONDS * SAMPLE_RATE
 
 
 def test_cut_lands_in_the_quiet_gap():

@@ -27,6 +27,11 @@ QUIET_ENERGY_FACTOR = 2.0
 # Highest sample rate real recordings use (DXD and studio rates stop at 768 kHz).
 MAX_SOURCE_RATE = 768_000
 
+# The last window of a long input is never shorter than this: a sliver of a few milliseconds
+# gives the model nothing to hear and the alignment no encoder frame to place words in
+# (it made empty reductions and negative times). The cut before it moves earlier instead.
+MIN_CHUNK_SECONDS = 1.0
+
 # Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
 
@@ -235,19 +240,24 @@ def chunk_audio(
 
     Each cut is placed in the middle of the longest quiet stretch within the last
     CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word.
+    No chunk is shorter than MIN_CHUNK_SECONDS (at most half a window) unless the whole input
+    is: near the end the search moves earlier so that enough is left for the last chunk.
     Chunks are views that together cover every sample exactly once.
     """
     max_length = int(chunk_seconds * sample_rate)
     if max_length < 1:
         raise ValueError(f"chunk_seconds * sample_rate must be >= 1 sample, got {chunk_seconds=}")
     search_length = min(int(CUT_SEARCH_SECONDS * sample_rate), max_length // 2)
+    min_length = min(int(MIN_CHUNK_SECONDS * sample_rate), max_length // 2)
     frame_length = max(1, int(ENERGY_FRAME_SECONDS * sample_rate))
 
     chunks = []
     start = 0
     while len(samples) - start > max_length:
-        search_end = start + max_length
-        search_start = search_end - search_length
+        # More than a window is left, and a window is at least two minimum lengths: both
+        # bounds leave min_length on either side of the cut.
+        search_end = min(start + max_length, len(samples) - min_length)
+        search_start = max(start + min_length, search_end - search_length)
         cut = search_start + _quietest_point(samples[search_start:search_end], frame_length)
         # A cut at the very start would make an empty chunk; never stall.
         cut = max(cut, start + 1)
