@@ -15,7 +15,7 @@ import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align import timing, words
-from vllm_whisper_align.audio import SAMPLE_RATE, chunk_audio, num_mel_frames, speech_frames
+from vllm_whisper_align.audio import HOP_LENGTH, SAMPLE_RATE, chunk_audio, num_mel_frames, speech_frames
 from vllm_whisper_align.params import MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -26,6 +26,11 @@ SEGMENT_MAX_S = 15.0
 # timestamp tokens a repetition loop otherwise runs to the 448-token context and holds its batch.
 MAX_TOKENS_PER_SECOND = 12
 MAX_TOKENS_BASE = 16
+# Encoder frames (20 ms, two mel frames each) a window needs to be aligned: over a single frame
+# the attention's z-score is 0/0, and DTW's path through the NaNs leaves the matrix (times of
+# -0.02 s); with none there is nothing to normalise at all.
+MIN_ALIGNMENT_FRAMES = 2
+MIN_ALIGNMENT_SECONDS = MIN_ALIGNMENT_FRAMES * 2 * HOP_LENGTH / SAMPLE_RATE
 
 
 def suppressed_tokens(model_config) -> list[int]:
@@ -103,6 +108,11 @@ def language_from_token(token: int, tokens: WhisperTokens) -> str:
     return "en"
 
 
+def can_align(num_samples: int) -> bool:
+    """Whether a window this long has the encoder frames that word alignment needs."""
+    return num_mel_frames(num_samples) // 2 >= MIN_ALIGNMENT_FRAMES
+
+
 def plan_transcription(
     samples: np.ndarray,
     tokens: WhisperTokens,
@@ -129,10 +139,11 @@ def plan_transcription(
     decoder_prompt = [*prefix, *tokens.transcription_prompt(language, task)]
     chunks = []
     for chunk in chunk_audio(samples):
-        if len(chunk.samples) < 160:  # under one mel frame: nothing to hear
+        if num_mel_frames(len(chunk.samples)) == 0:  # nothing to hear
             continue
         alignment = None
-        if word_timestamps:
+        # Too short a window still gets words (see assemble), just no attention to align.
+        if word_timestamps and can_align(len(chunk.samples)):
             alignment = AlignmentParams(
                 num_frames=num_mel_frames(len(chunk.samples)),
                 sot_row=len(prefix),
@@ -184,8 +195,10 @@ def plan_alignment(
         raise AlignmentInputError(
             f"audio is {duration:.1f} s; forced alignment takes one window of at most 30 s"
         )
-    if len(samples) < 160:
-        raise AlignmentInputError("audio is empty (under 10 ms)")
+    if not can_align(len(samples)):
+        raise AlignmentInputError(
+            f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
+        )
     text_tokens = text_to_tokens(text, token_ids, tokens)
     prompt = tokens.alignment_prompt(language, text_tokens)
     if len(prompt) > MAX_DECODER_TOKENS:
@@ -280,10 +293,14 @@ def assemble(plan: Plan, outputs: Sequence[ChunkOutput], tokens: WhisperTokens) 
             continue
         chunk_end = chunk.offset + chunk.duration
         chunk_segment = _segment(chunk, output, text, chunk.offset, chunk_end)
-        if id(output) not in times_of:
+        jumps = times_of.get(id(output))
+        if jumps is None and plan.word_timestamps and chunk.alignment is None:
+            jumps = _unaligned_jump_times(len(output.token_ids), chunk.duration)
+        if jumps is None:
             segments.append(chunk_segment)
             continue
-        jumps = times_of[id(output)]
+        # A path through a degenerate matrix can step off its edge; times stay inside the window.
+        jumps = np.clip(jumps, 0.0, chunk.duration)
         text_tokens = output.token_ids[: len(jumps) - 1]
         probs = np.exp(np.asarray(output.token_logprobs[: len(text_tokens)], dtype=np.float64))
         alignment = words.word_timings(
@@ -316,6 +333,14 @@ def assemble(plan: Plan, outputs: Sequence[ChunkOutput], tokens: WhisperTokens) 
         if errors:
             result["alignment_errors"] = errors
     return result
+
+
+def _unaligned_jump_times(num_text_tokens: int, duration: float) -> np.ndarray:
+    """Token times for a window too short to align (under MIN_ALIGNMENT_SECONDS): its tokens
+    share it evenly, all that its length says. Floored to centiseconds, the rounding of output
+    times, so that no rounded time passes the audio's end."""
+    span = np.floor(duration * 100) / 100
+    return np.linspace(0.0, span, num_text_tokens + 1)
 
 
 def _token_timings(text_tokens, jumps, probs, offset, tokens: WhisperTokens) -> list[dict]:
