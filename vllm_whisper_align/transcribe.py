@@ -15,7 +15,9 @@ import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align import timing, words
-from vllm_whisper_align.audio import HOP_LENGTH, SAMPLE_RATE, chunk_audio, num_mel_frames, speech_frames
+from vllm_whisper_align.audio import (
+    CHUNK_SECONDS, HOP_LENGTH, SAMPLE_RATE, chunk_audio, num_mel_frames, speech_frames,
+)
 from vllm_whisper_align.params import MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -31,6 +33,8 @@ MAX_TOKENS_BASE = 16
 # -0.02 s); with none there is nothing to normalise at all.
 MIN_ALIGNMENT_FRAMES = 2
 MIN_ALIGNMENT_SECONDS = MIN_ALIGNMENT_FRAMES * 2 * HOP_LENGTH / SAMPLE_RATE
+# Forced alignment teacher-forces the whole text against one window.
+MAX_ALIGNMENT_SECONDS = CHUNK_SECONDS
 
 
 def suppressed_tokens(model_config) -> list[int]:
@@ -191,9 +195,10 @@ def plan_alignment(
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot]."""
     language = "en" if tokens.is_english_only else (language or "en")
     duration = len(samples) / SAMPLE_RATE
-    if duration > 30.0:
+    if duration > MAX_ALIGNMENT_SECONDS:
         raise AlignmentInputError(
-            f"audio is {duration:.1f} s; forced alignment takes one window of at most 30 s"
+            f"audio is {duration:.1f} s; forced alignment takes one window of at most "
+            f"{MAX_ALIGNMENT_SECONDS} s"
         )
     if not can_align(len(samples)):
         raise AlignmentInputError(
