@@ -2,6 +2,8 @@ import io
 import json
 import shutil
 import subprocess
+import time
+import tracemalloc
 from fractions import Fraction
 from pathlib import Path
 
@@ -11,13 +13,16 @@ import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from silence import state_total_samples, write_silent_flac
 from speech import long_clip, sentence_clips, write_wav
 from vllm_whisper_align.audio import (
     CHUNK_SECONDS,
     HOP_LENGTH,
+    MIN_CHUNK_SECONDS,
     SAMPLE_RATE,
     AudioChunk,
     AudioError,
+    AudioTooLongError,
     chunk_audio,
     decode_audio,
     num_mel_frames,
@@ -319,6 +324,78 @@ def test_bundled_sample():
         assert np.abs(gap).max() == 0
 
 
+# --- duration bound --------------------------------------------------------------------
+
+HOURS_4 = 4 * 3600
+BOUND_S = 60
+
+
+@pytest.fixture(scope="module")
+def four_hour_flacs(tmp_path_factory):
+    """4 h of silence (921 MB decoded, under 1 MB on disk): the header states its length, or
+    states none (FLAC's 0, as streaming encoders write), or claims a single second."""
+    folder = tmp_path_factory.mktemp("long")
+    files = {}
+    for rate in (16000, 8000):
+        files[rate, "exact"] = folder / f"exact-{rate}.flac"
+        write_silent_flac(files[rate, "exact"], HOURS_4, rate)
+    for rate, header, stated in [(16000, "unknown", 0), (8000, "unknown", 0), (8000, "one-second", 8000)]:
+        files[rate, header] = folder / f"{header}-{rate}.flac"
+        shutil.copyfile(files[rate, "exact"], files[rate, header])
+        state_total_samples(files[rate, header], stated)
+    return files
+
+
+def _decode_traced(source, max_seconds):
+    """(decoded samples or the AudioError raised, seconds taken, peak bytes numpy allocated)."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        outcome = decode_audio(source, max_seconds=max_seconds)
+    except AudioError as error:
+        outcome = error
+    elapsed = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return outcome, elapsed, peak
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_over_limit_is_refused_from_the_header(four_hour_flacs, rate):
+    """Refused before decoding: at once, and holding next to nothing of the 921 MB it decodes to
+    (16 kHz goes through libsndfile, 8 kHz through FFmpeg's resampling path)."""
+    path = four_hour_flacs[rate, "exact"]
+    for source in (path, path.read_bytes()):
+        error, elapsed, peak = _decode_traced(source, max_seconds=3600)
+        assert isinstance(error, AudioTooLongError), error
+        assert error.seconds == pytest.approx(HOURS_4) and error.max_seconds == 3600
+        assert "14400.0 s" in str(error) and "3600 s" in str(error)
+        assert elapsed < 1.0  # the issue's target
+        assert peak < 2**20 + len(path.read_bytes())  # the input's copy, and 1 MB to spare
+
+
+# libsndfile believes a header claiming one second and reads that much: nothing to bound at 16 kHz.
+@pytest.mark.parametrize("rate, header", [(16000, "unknown"), (8000, "unknown"), (8000, "one-second")])
+def test_decoding_stops_at_the_limit_when_the_header_does_not_tell(four_hour_flacs, rate, header):
+    error, _, peak = _decode_traced(four_hour_flacs[rate, header], max_seconds=BOUND_S)
+    assert isinstance(error, AudioTooLongError), error
+    assert error.seconds is None and f"longer than {BOUND_S} s" in str(error)
+    bound_bytes = BOUND_S * SAMPLE_RATE * 4
+    # About the bound's worth of float32 samples (blocks and resampler frames on top), not 921 MB.
+    assert peak < 3 * bound_bytes
+
+
+def test_audio_within_the_limit_is_decoded_whole(tmp_path, clip):
+    path = tmp_path / "clip.flac"
+    encode(path, clip.samples, "flac")
+    unbounded = decode_audio(path)
+    np.testing.assert_array_equal(decode_audio(path, max_seconds=clip.duration), unbounded)
+    with pytest.raises(AudioTooLongError):
+        decode_audio(path, max_seconds=clip.duration - 0.01)
+    with pytest.raises(ValueError):
+        decode_audio(path, max_seconds=0)
+
+
 # --- mel frames ------------------------------------------------------------------------
 
 
@@ -378,7 +455,8 @@ def test_chunking_properties(kind, length, seed, sample_rate, chunk_seconds):
     if length <= max_length:
         assert len(chunks) == 1
     else:
-        assert all(len(chunk.samples) > 0 for chunk in chunks)
+        min_length = max(1, min(int(MIN_CHUNK_SECONDS * sample_rate), max_length // 2))
+        assert all(len(chunk.samples) >= min_length for chunk in chunks)
 
 
 def test_short_audio_is_one_chunk():
@@ -386,6 +464,20 @@ def test_short_audio_is_one_chunk():
         samples = np.ones(seconds * SAMPLE_RATE, dtype=np.float32)
         [chunk] = chunk_audio(samples)
         assert chunk.offset == 0.0 and len(chunk.samples) == len(samples)
+
+
+@pytest.mark.parametrize("tail", [1, 160, 200, 319, 479, 1000])
+def test_no_sliver_after_a_pause_at_the_window_end(tail):
+    """Noise with a pause at the end of the first window, then `tail` samples: the pause is where
+    a cut goes, which used to leave the tail alone (30.0125 s gave a 200-sample window)."""
+    max_length = CHUNK_SECONDS * SAMPLE_RATE
+    length = max_length + tail
+    samples = (0.2 * np.random.default_rng(0).standard_normal(length)).astype(np.float32)
+    samples[max_length - 2000 :] = 0.0
+    chunks = chunk_audio(samples)
+    np.testing.assert_array_equal(np.concatenate([c.samples for c in chunks]), samples)
+    assert len(chunks) == 2 and all(len(c.samples) <= max_length for c in chunks)
+    assert len(chunks[1].samples) >= MIN_CHUNK_SECONDS * SAMPLE_RATE
 
 
 def test_cut_lands_in_the_quiet_gap():

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from silence import write_silent_flac
 from speech import sentence_clips, start_errors, write_wav
 from vllm_whisper_align.quantization import encoder_int8_supported
 
@@ -82,6 +83,38 @@ def test_missing_file_alone_fails_fast_with_one_line(tmp_path):
     result = run_cli("transcribe", str(tmp_path / "nope.wav"), timeout=120)
     assert result.returncode != 0
     assert len(error_lines(result.stderr)) == 1
+
+
+# The console script's main, then its peak resident memory on stderr.
+MAIN_REPORTING_PEAK = (
+    "import resource, sys; from vllm_whisper_align.cli import main; code = main(sys.argv[1:]); "
+    "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(code)"
+)
+
+
+def peak_mb_of_align(audio: Path) -> tuple[subprocess.CompletedProcess, float]:
+    result = subprocess.run(
+        [sys.executable, "-c", MAIN_REPORTING_PEAK, "align", str(audio), "--text", "hello"],
+        capture_output=True, text=True, timeout=600,
+    )
+    peak = re.search(r"peak_kb (\d+)", result.stderr)
+    assert peak, result.stderr[-3000:]
+    return result, int(peak.group(1)) / 1024
+
+
+def test_align_refuses_a_long_file_from_its_header(tmp_path):
+    """Forced alignment takes one 30 s window: a 4 h file is refused before its 921 MB of samples
+    are decoded, and before an engine starts (no engine runs in this test)."""
+    path = tmp_path / "long.flac"
+    write_silent_flac(path, 4 * 3600, 16000)
+    result, peak_mb = peak_mb_of_align(path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    [error] = error_lines(result.stderr)
+    assert "audio is 14400.0 s long; at most 30 s" in error
+    # The same imports and a file refused before decoding: what the process holds anyway.
+    missing, baseline_mb = peak_mb_of_align(tmp_path / "missing.wav")
+    assert missing.returncode == 1 and len(error_lines(missing.stderr)) == 1
+    assert peak_mb - baseline_mb < 100, (peak_mb, baseline_mb)
 
 
 def test_align_manifest_on_the_default_engine(audio_files, tmp_path):

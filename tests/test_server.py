@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import threading
 import time
 
 import httpx
@@ -14,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 
+from silence import state_total_samples, write_silent_flac
 from speech import SpokenClip, long_clip, sentence_clips, start_errors, synthesize_words, write_wav
 
 MAX_AUDIO_S = 120
@@ -272,6 +274,90 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
     ok = client.audio.transcriptions.create(model="whisper-tiny.en", file=("ok.wav", good))
     assert ok.text.strip()
+
+
+def assert_times_inside(body: dict, duration: float) -> None:
+    """Every word and token time lies in the audio; centisecond rounding may add up to 5 ms."""
+    items = (body.get("words") or []) + (body.get("tokens") or []) + (body.get("segments") or [])
+    times = [t for item in items for t in (item["start"], item["end"])]
+    assert all(0.0 <= t <= duration + 0.005 for t in times), (duration, items)
+    assert all(item["start"] <= item["end"] for item in items), items
+
+
+@pytest.mark.parametrize("num_samples", [160, 200, 319, 320, 400, 479])
+def test_tiny_uploads_get_text_and_times_inside_the_audio(server, num_samples):
+    """Under two encoder frames (40 ms): too short to align, never a 500 or a negative time."""
+    clip = sentence_clips()[0]
+    first_word = int(clip.starts[0] * 16000)
+    samples = clip.samples[first_word : first_word + num_samples]
+    response = transcribe_raw(
+        server, wav_bytes(samples), response_format="verbose_json", **{"timestamp_granularities[]": "word"}
+    )
+    assert response.status_code == 200, response.text
+    assert_times_inside(response.json(), num_samples / 16000)
+
+
+def test_a_sliver_after_30_s_is_not_a_window_of_its_own(server):
+    """30.0125 s whose last 22.5 ms are the only true silence: the cut used to go there and
+    leave a 280-sample window (a numpy error for the whole file)."""
+    speech = long_clip(31.0).samples[: int(29.99 * 16000)]
+    noise = 0.01 * np.random.default_rng(0).standard_normal(len(speech))
+    samples = np.concatenate([speech + noise, np.zeros(480200 - len(speech))]).astype(np.float32)
+    response = transcribe_raw(
+        server, wav_bytes(samples), response_format="verbose_json",
+        **{"timestamp_granularities[]": ["word", "segment"]},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert len(body["words"]) > 20
+    assert_times_inside(body, 30.0125)
+
+
+def test_four_hour_flac_is_refused_while_the_server_keeps_answering(server, tmp_path):
+    """A 4 h FLAC of silence (under 1 MB) used to be decoded whole on the event loop before the
+    duration limit was checked: seconds of stalled requests and gigabytes of memory. The issue's
+    targets are a refusal and /v1/models answers in under 1 s; the bounds here allow a busy CPU."""
+    exact, unknown = tmp_path / "exact.flac", tmp_path / "unknown.flac"
+    write_silent_flac(exact, 4 * 3600, 16000)
+    unknown.write_bytes(exact.read_bytes())
+    state_total_samples(unknown, 0)  # no length in the header: decoding must stop at the limit
+    latencies, stop = [], threading.Event()
+
+    def poll_models():
+        with httpx.Client(timeout=60) as poller:
+            while not stop.is_set():
+                started = time.perf_counter()
+                assert poller.get(f"{server}/v1/models").status_code == 200
+                latencies.append(time.perf_counter() - started)
+                time.sleep(0.02)
+
+    poller = threading.Thread(target=poll_models)
+    poller.start()
+    try:
+        time.sleep(0.2)
+        refusals = {}
+        for path in (exact, unknown):
+            started = time.perf_counter()
+            response = httpx.post(
+                f"{server}/v1/audio/transcriptions",
+                files={"file": (path.name, path.read_bytes(), "audio/flac")},
+                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"}, timeout=120,
+            )
+            refusals[path.name] = time.perf_counter() - started
+            assert_openai_error(response, f"at most {MAX_AUDIO_S} s")
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        poller.join()
+    print(f"refused in {refusals}; /v1/models at most {max(latencies):.3f} s over {len(latencies)} calls")
+    assert all(seconds < 3.0 for seconds in refusals.values()), refusals
+    assert len(latencies) >= 5 and max(latencies) < 1.0, latencies
+
+
+def test_size_limit_names_bytes(server):
+    limit = 25 * 2**20  # VLLM_MAX_AUDIO_CLIP_FILESIZE_MB's default
+    response = transcribe_raw(server, bytes(limit + 1))
+    assert_openai_error(response, f"file is {limit + 1} bytes; at most {limit} bytes")
 
 
 def engine_counts(server: str) -> dict[str, float]:

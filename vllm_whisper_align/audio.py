@@ -8,7 +8,7 @@ import io
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO, Iterable, Union
 
 import numpy as np
 
@@ -34,6 +34,17 @@ QUIET_ENERGY_FACTOR = 2.0
 # Highest sample rate real recordings use (DXD and studio rates stop at 768 kHz).
 MAX_SOURCE_RATE = 768_000
 
+# The last window of a long input is never shorter than this: a sliver of a few milliseconds
+# gives the model nothing to hear and the alignment no encoder frame to place words in
+# (it made empty reductions and negative times). The cut before it moves earlier instead.
+MIN_CHUNK_SECONDS = 1.0
+
+# libsndfile reads this many frames at a time, averaging channels per block, so a file with
+# many channels never holds more than one block of them interleaved.
+READ_BLOCK_FRAMES = 1 << 20
+# libsndfile's SF_COUNT_MAX: the frame count of a FLAC whose header has no sample count.
+_UNKNOWN_FRAMES = 2**63 - 1
+
 # Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
 
@@ -45,6 +56,20 @@ class AudioError(ValueError):
 
     def __init__(self, message: str):
         super().__init__(" ".join(str(message).split()))
+
+
+class AudioTooLongError(AudioError):
+    """Audio longer than the caller's ``max_seconds``.
+
+    ``seconds`` is the length the container states, or None when decoding stopped at the bound
+    (the container states no length, or a shorter one than it holds).
+    """
+
+    def __init__(self, max_seconds: float, seconds: float | None = None):
+        self.max_seconds = max_seconds
+        self.seconds = seconds
+        length = f"{seconds:.1f} s long" if seconds is not None else f"longer than {max_seconds:g} s"
+        super().__init__(f"audio is {length}; at most {max_seconds:g} s is accepted")
 
 
 def sample_path() -> Path:
@@ -64,22 +89,64 @@ def num_mel_frames(num_samples: int) -> int:
     return num_samples // HOP_LENGTH
 
 
-def decode_audio(source: AudioSource, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+def decode_audio(
+    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None
+) -> np.ndarray:
     """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
 
     Any container/codec FFmpeg knows works (wav, flac, mp3, ogg, m4a/aac, webm/opus...).
     Bad input of any kind raises AudioError; audio with no samples returns an empty array.
+    Audio longer than ``max_seconds`` raises AudioTooLongError: at once when the container's
+    header says so, else as soon as decoding passes the bound, so time and memory stay about
+    the bound's worth of samples whatever the file holds or claims.
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
+    if max_seconds is not None and max_seconds <= 0:
+        raise ValueError(f"max_seconds must be positive, got {max_seconds}")
+    bound = _Bound(max_seconds, sample_rate)
     name, opened = _open_source(source)
-    samples = _decode_with_soundfile(opened, sample_rate)
+    samples = _decode_with_soundfile(opened, sample_rate, bound)
     if samples is None:
-        samples = _decode_with_pyav(opened, name, sample_rate)
+        samples = _decode_with_pyav(opened, name, sample_rate, bound)
     # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
     # which would poison every mel frame they touch.
     np.nan_to_num(samples, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
     return np.clip(samples, -1.0, 1.0, out=samples)
+
+
+@dataclass(frozen=True)
+class _Bound:
+    """The caller's duration limit, checked against headers and against samples decoded so far."""
+
+    max_seconds: float | None
+    sample_rate: int
+
+    def check_header(self, seconds: float | None) -> None:
+        if self.max_seconds is not None and seconds is not None and seconds > self.max_seconds:
+            raise AudioTooLongError(self.max_seconds, seconds)
+
+    def check_decoded(self, num_samples: int) -> None:
+        if self.max_seconds is not None and num_samples > self.max_seconds * self.sample_rate:
+            raise AudioTooLongError(self.max_seconds)
+
+
+class _Decoded:
+    """Mono pieces as they are decoded, counted so that decoding stops at the bound."""
+
+    def __init__(self, bound: _Bound):
+        self.bound = bound
+        self.pieces: list[np.ndarray] = []
+        self.num_samples = 0
+
+    def add(self, pieces: Iterable[np.ndarray]) -> None:
+        for piece in pieces:
+            self.num_samples += len(piece)
+            self.bound.check_decoded(self.num_samples)
+            self.pieces.append(piece)
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
 
 
 def _open_source(source: AudioSource) -> tuple[str, Union[str, io.BytesIO]]:
@@ -116,8 +183,12 @@ def _open_source(source: AudioSource) -> tuple[str, Union[str, io.BytesIO]]:
     return name, io.BytesIO(data)
 
 
-def _decode_with_soundfile(opened, sample_rate: int):
-    """Exact fast path for wav/flac already at `sample_rate`; None means use FFmpeg."""
+def _decode_with_soundfile(opened, sample_rate: int, bound: _Bound):
+    """Exact fast path for wav/flac already at `sample_rate`; None means use FFmpeg.
+
+    The duration bound is checked on the header of any wav/flac, whatever its rate: their
+    headers state the exact number of frames.
+    """
     import soundfile
 
     # Let libsndfile see only what it will be asked to decode: it also parses mp3/ogg,
@@ -126,15 +197,27 @@ def _decode_with_soundfile(opened, sample_rate: int):
         return None
     try:
         with soundfile.SoundFile(opened) as audio:
-            if audio.format not in _SOUNDFILE_FORMATS or audio.samplerate != sample_rate:
+            if audio.format not in _SOUNDFILE_FORMATS:
                 return None
-            samples = audio.read(dtype="float32", always_2d=True)
+            if 0 <= audio.frames < _UNKNOWN_FRAMES:
+                bound.check_header(audio.frames / audio.samplerate)
+            if audio.samplerate != sample_rate:
+                return None
+            return _read_mono(audio, bound)
+    except AudioError:
+        raise
     except Exception:  # anything libsndfile rejects may still be FFmpeg-readable
         return None
     finally:
         if isinstance(opened, io.BytesIO):
             opened.seek(0)
-    return np.ascontiguousarray(samples.mean(axis=1, dtype=np.float32))
+
+
+def _read_mono(audio, bound: _Bound) -> np.ndarray:
+    decoded = _Decoded(bound)
+    while len(block := audio.read(READ_BLOCK_FRAMES, dtype="float32", always_2d=True)):
+        decoded.add([block.mean(axis=1, dtype=np.float32)])
+    return decoded.samples()
 
 
 def _has_wav_or_flac_header(opened) -> bool:
@@ -150,7 +233,7 @@ def _has_wav_or_flac_header(opened) -> bool:
     return is_wav or header[:4] == b"fLaC"
 
 
-def _decode_with_pyav(opened, name: str, sample_rate: int) -> np.ndarray:
+def _decode_with_pyav(opened, name: str, sample_rate: int, bound: _Bound) -> np.ndarray:
     import av
 
     try:
@@ -162,14 +245,31 @@ def _decode_with_pyav(opened, name: str, sample_rate: int) -> np.ndarray:
             # seconds to set up for nothing.
             if (stream.rate or 0) > MAX_SOURCE_RATE:
                 raise AudioError(f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz")
-            return _decode_stream(container, stream, name, sample_rate)
+            bound.check_header(_stated_seconds(container, stream))
+            return _decode_stream(container, stream, name, sample_rate, bound)
     except AudioError:
         raise
     except Exception as error:  # FFmpeg reports junk input through many exception types
         raise AudioError(f"could not decode {name} as audio: {_describe(error)}") from error
 
 
-def _decode_stream(container, stream, name: str, sample_rate: int) -> np.ndarray:
+def _stated_seconds(container, stream) -> float | None:
+    """The duration the container states, or None.
+
+    FFmpeg estimates one from the bit rate where the container has none (an mp3 without a
+    Xing header, ADTS AAC): exact at a constant bit rate. Decoding also stops at the bound,
+    for containers that state no duration or a wrong one.
+    """
+    import av
+
+    if stream.duration is not None and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / av.time_base
+    return None
+
+
+def _decode_stream(container, stream, name: str, sample_rate: int, bound: _Bound) -> np.ndarray:
     import av
 
     # Keep the channels and average them ourselves: FFmpeg's float downmix weights each
@@ -177,7 +277,7 @@ def _decode_stream(container, stream, name: str, sample_rate: int) -> np.ndarray
     # by openai-whisper (s16 output) and our soundfile path both take the plain mean.
     # Packed, not planar: PyAV crashes reading planar frames with more than 8 channels.
     resampler, input_shape = None, None
-    pieces = []
+    decoded = _Decoded(bound)
     first_error = None
     for packet in container.demux(stream):
         try:
@@ -192,17 +292,15 @@ def _decode_stream(container, stream, name: str, sample_rate: int) -> np.ndarray
             # which one PyAV resampler refuses: finish it and start another.
             frame_shape = (frame.format.name, frame.layout.name, frame.sample_rate)
             if frame_shape != input_shape:
-                pieces.extend(_flush(resampler))
+                decoded.add(_flush(resampler))
                 resampler = av.AudioResampler(format="flt", rate=sample_rate)
                 input_shape = frame_shape
-            pieces.extend(_frame_samples(resampled) for resampled in resampler.resample(frame))
-    pieces.extend(_flush(resampler))
+            decoded.add(_frame_samples(resampled) for resampled in resampler.resample(frame))
+    decoded.add(_flush(resampler))
 
-    if not pieces:
-        if first_error is not None:
-            raise AudioError(f"could not decode {name} as audio: {_describe(first_error)}")
-        return np.zeros(0, dtype=np.float32)
-    return np.concatenate(pieces)
+    if not decoded.pieces and first_error is not None:
+        raise AudioError(f"could not decode {name} as audio: {_describe(first_error)}")
+    return decoded.samples()
 
 
 def _flush(resampler) -> list[np.ndarray]:
@@ -242,19 +340,24 @@ def chunk_audio(
 
     Each cut is placed in the middle of the longest quiet stretch within the last
     CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word.
+    No chunk is shorter than MIN_CHUNK_SECONDS (at most half a window) unless the whole input
+    is: near the end the search moves earlier so that enough is left for the last chunk.
     Chunks are views that together cover every sample exactly once.
     """
     max_length = int(chunk_seconds * sample_rate)
     if max_length < 1:
         raise ValueError(f"chunk_seconds * sample_rate must be >= 1 sample, got {chunk_seconds=}")
     search_length = min(int(CUT_SEARCH_SECONDS * sample_rate), max_length // 2)
+    min_length = min(int(MIN_CHUNK_SECONDS * sample_rate), max_length // 2)
     frame_length = max(1, int(ENERGY_FRAME_SECONDS * sample_rate))
 
     chunks = []
     start = 0
     while len(samples) - start > max_length:
-        search_end = start + max_length
-        search_start = search_end - search_length
+        # More than a window is left, and a window is at least two minimum lengths: both
+        # bounds leave min_length on either side of the cut.
+        search_end = min(start + max_length, len(samples) - min_length)
+        search_start = max(start + min_length, search_end - search_length)
         cut = search_start + _quietest_point(samples[search_start:search_end], frame_length)
         # A cut at the very start would make an empty chunk; never stall.
         cut = max(cut, start + 1)

@@ -158,14 +158,15 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     from vllm_whisper_align.audio import AudioError, decode_audio
-    from vllm_whisper_align.decoding import AlignmentInputError
+    from vllm_whisper_align.decoding import MAX_ALIGNMENT_SECONDS, AlignmentInputError
 
     items = _alignment_items(args)
     aligner = None
     failures = 0
     for path, text in items:
         try:
-            samples = decode_audio(path)
+            # Forced alignment takes one window: decoding more than that would be for nothing.
+            samples = decode_audio(path, max_seconds=MAX_ALIGNMENT_SECONDS)
             aligner = aligner or _aligner(args.model, engine_args)
             result = aligner.align([samples], [text], language=args.language)[0]
         except (AudioError, AlignmentInputError) as error:

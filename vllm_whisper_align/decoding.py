@@ -14,7 +14,9 @@ from typing import Any, Sequence
 import numpy as np
 from vllm import SamplingParams
 
-from vllm_whisper_align.audio import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, chunk_audio, num_mel_frames
+from vllm_whisper_align.audio import (
+    CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, chunk_audio, num_mel_frames,
+)
 from vllm_whisper_align.params import MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -22,6 +24,13 @@ from vllm_whisper_align.tokenizer import WhisperTokens
 # without timestamp tokens a repetition loop otherwise runs to the 448-token context and holds its batch.
 MAX_TOKENS_PER_SECOND = 12
 MAX_TOKENS_BASE = 16
+# Encoder frames (20 ms, two mel frames each) a window needs to be aligned: over a single frame
+# the attention's z-score is 0/0, and DTW's path through the NaNs leaves the matrix (times of
+# -0.02 s); with none there is nothing to normalise at all.
+MIN_ALIGNMENT_FRAMES = 2
+MIN_ALIGNMENT_SECONDS = MIN_ALIGNMENT_FRAMES * N_SAMPLES_PER_TOKEN / SAMPLE_RATE
+# Forced alignment teacher-forces the whole text against one window.
+MAX_ALIGNMENT_SECONDS = CHUNK_SECONDS
 
 
 class AlignmentInputError(ValueError):
@@ -150,6 +159,11 @@ def transcription_sampling(
     return SamplingParams(logprobs=0, extra_args=extra_args, **options)
 
 
+def can_align(num_samples: int) -> bool:
+    """Whether a window this long has the encoder frames that word alignment needs."""
+    return num_mel_frames(num_samples) // 2 >= MIN_ALIGNMENT_FRAMES
+
+
 def plan_transcription(
     samples: np.ndarray,
     tokens: WhisperTokens,
@@ -167,10 +181,11 @@ def plan_transcription(
     decoder_prompt = [*previous, *start]
     windows = []
     for chunk in chunk_audio(samples):
-        if len(chunk.samples) < HOP_LENGTH:  # under one mel frame: nothing to hear
+        if num_mel_frames(len(chunk.samples)) == 0:  # nothing to hear
             continue
         alignment = None
-        if word_timestamps:
+        # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
+        if word_timestamps and can_align(len(chunk.samples)):
             alignment = AlignmentParams.for_prompt(num_mel_frames(len(chunk.samples)), len(previous), len(start))
         cap = text_token_cap(sampling, len(chunk.samples), len(decoder_prompt))
         sampling_params = transcription_sampling(sampling, suppress_tokens, cap, len(decoder_prompt), alignment)
@@ -205,10 +220,14 @@ def plan_alignment(
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot]."""
     language = "en" if tokens.is_english_only and language is None else (language or "en")
     duration = len(samples) / SAMPLE_RATE
-    if len(samples) > N_SAMPLES:
-        raise AlignmentInputError(f"audio is {duration:.1f} s; forced alignment takes one window of at most 30 s")
-    if len(samples) < HOP_LENGTH:
-        raise AlignmentInputError("audio is empty (under 10 ms)")
+    if len(samples) > MAX_ALIGNMENT_SECONDS * SAMPLE_RATE:
+        raise AlignmentInputError(
+            f"audio is {duration:.1f} s; forced alignment takes one window of at most {MAX_ALIGNMENT_SECONDS} s"
+        )
+    if not can_align(len(samples)):
+        raise AlignmentInputError(
+            f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
+        )
     text_tokens = text_to_tokens(text, token_ids, tokens)
     start = tokens.transcription_prompt(language)
     prompt = [*start, *text_tokens, tokens.eot]

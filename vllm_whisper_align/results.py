@@ -196,6 +196,11 @@ def window_results(
     last_speech = 0.0
     for window, output, matrix, error in zip(plan.windows, outputs, matrices, errors, strict=True):
         jumps = next(jump_times) if matrix is not None else None
+        if jumps is None and plan.word_timestamps and window.alignment is None:
+            jumps = unaligned_jump_times(len(output.token_ids), window.duration)
+        if jumps is not None:
+            # A path through a degenerate matrix can step off its edge; times stay inside the window.
+            jumps = np.clip(jumps, 0.0, window.duration)
         text = tokens.decode(output.token_ids)
         if not text.strip():
             results.append(WindowResult([], [], [], error) if error else None)
@@ -207,6 +212,14 @@ def window_results(
             )
         results.append(WindowResult(window_segments(window, output, words, text), words, token_timings, error))
     return results
+
+
+def unaligned_jump_times(num_text_tokens: int, duration: float) -> np.ndarray:
+    """Token times for a window too short to align (``decoding.can_align``): its tokens share it
+    evenly, all that its length says. Floored to centiseconds, the rounding of output times, so that
+    no rounded time passes the audio's end."""
+    span = np.floor(duration * 100) / 100
+    return np.linspace(0.0, span, num_text_tokens + 1)
 
 
 def assemble(plan: Plan, results: Sequence[WindowResult | None]) -> dict[str, Any]:

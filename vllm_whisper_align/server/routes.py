@@ -7,6 +7,7 @@ The form is read by hand rather than through a pydantic model so that every mist
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -18,7 +19,7 @@ from vllm import SamplingParams
 from vllm.logger import init_logger
 from vllm.utils import random_uuid
 
-from vllm_whisper_align.audio import AudioError, decode_audio
+from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
 )
@@ -99,14 +100,19 @@ async def _audio(form: Any, service: AlignmentService):
     if not isinstance(upload, UploadFile):
         raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
     data = await upload.read()
-    if len(data) > service.limits.max_file_mb * 1024 * 1024:
+    limits = service.limits
+    if len(data) > limits.max_file_bytes:
         raise RequestError(
-            f"file is {len(data) / 2**20:.1f} MB; at most {service.limits.max_file_mb:g} MB is accepted", "file"
+            f"file is {len(data)} bytes; at most {limits.max_file_bytes} bytes ({limits.max_file_mb:g} MB) "
+            "are accepted", "file",
         )
     if not data:
         raise RequestError("`file` is empty", "file")
     try:
-        return decode_audio(data)
+        # Decoding takes seconds for long files: in a thread, so the event loop keeps serving.
+        return await asyncio.to_thread(decode_audio, data, max_seconds=limits.max_audio_s)
+    except AudioTooLongError as error:
+        raise service.too_long_error(error.seconds) from None
     except AudioError as error:
         raise RequestError(str(error), "file") from None
 

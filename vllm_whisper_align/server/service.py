@@ -56,6 +56,10 @@ class ServiceLimits:
     max_audio_s: float = 3600.0
     max_file_mb: float = 25.0
 
+    @property
+    def max_file_bytes(self) -> int:
+        return int(self.max_file_mb * 2**20)
+
     @classmethod
     def from_env(cls) -> ServiceLimits:
         return cls(
@@ -104,12 +108,17 @@ class AlignmentService:
         return language
 
     def check_duration(self, samples: np.ndarray) -> None:
+        """A safety net: the routes decode with ``max_seconds``, which refuses longer audio first."""
         seconds = len(samples) / SAMPLE_RATE
         if seconds > self.limits.max_audio_s:
-            raise RequestError(
-                f"audio is {seconds:.0f} s long; this server accepts at most {self.limits.max_audio_s:.0f} s "
-                f"(set {MAX_AUDIO_ENV})", "file",
-            )
+            raise self.too_long_error(seconds)
+
+    def too_long_error(self, seconds: float | None) -> RequestError:
+        """Audio over the duration limit; ``seconds`` is None when only "longer" is known."""
+        limit = self.limits.max_audio_s
+        length = f"{seconds:.1f} s long" if seconds is not None else f"longer than {limit:g} s"
+        message = f"audio is {length}; this server accepts at most {limit:g} s (set {MAX_AUDIO_ENV})"
+        return RequestError(message, "file")
 
     # ---- requests ----------------------------------------------------------------------------
 

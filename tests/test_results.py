@@ -1,0 +1,77 @@
+"""Planning windows and turning answers into results without an engine: windows too short to align."""
+
+import numpy as np
+import pytest
+from transformers import AutoConfig, AutoTokenizer
+
+from vllm_whisper_align import decoding, results
+from vllm_whisper_align.audio import SAMPLE_RATE
+from vllm_whisper_align.tokenizer import WhisperTokens
+
+TEXT = " Hello there."
+
+
+@pytest.fixture(scope="module")
+def tokens(model_dir):
+    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
+    return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+
+
+def noise(num_samples: int) -> np.ndarray:
+    return (0.1 * np.random.default_rng(num_samples).standard_normal(num_samples)).astype(np.float32)
+
+
+def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
+    """The result for `plan` had the engine said TEXT in its one window (and the worker
+    returned no attention, or `cross_qk` as its answer for the window)."""
+    text_ids = tokens.encode(TEXT)
+    output = decoding.WindowOutput(text_ids, [-0.1] * len(text_ids))
+    fetched = []
+    if cross_qk is not None:
+        [window] = plan.windows
+        fetched = [{"key": window.alignment.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}]
+    return results.finish(plan, [output], fetched, tokens)
+
+
+def all_times(result: dict) -> list[float]:
+    return [t for item in result["words"] + result["tokens"] for t in (item["start"], item["end"])]
+
+
+def test_alignment_needs_two_encoder_frames():
+    assert decoding.MIN_ALIGNMENT_SECONDS == 0.04
+    assert not decoding.can_align(639) and decoding.can_align(640)
+
+
+@pytest.mark.parametrize("num_samples", [160, 319, 320, 479, 639])
+def test_too_short_to_align_still_gives_words_inside_the_audio(tokens, num_samples):
+    plan = decoding.plan_transcription(noise(num_samples), tokens, language="en")
+    [window] = plan.windows
+    assert window.alignment is None  # nothing captured that the worker would have to keep
+    result = answered(plan, tokens)
+    assert [w["word"] for w in result["words"]] == [" Hello", " there."]
+    times = all_times(result)
+    assert min(times) >= 0 and max(times) <= num_samples / SAMPLE_RATE
+    word_times = [t for w in result["words"] for t in (w["start"], w["end"])]
+    assert word_times == sorted(word_times)
+    assert "alignment_errors" not in result
+
+
+def test_under_one_mel_frame_is_nothing_to_hear(tokens):
+    assert decoding.plan_transcription(noise(159), tokens, language="en").windows == []
+
+
+@pytest.mark.parametrize("num_samples", [160, 639])
+def test_forced_alignment_of_too_short_audio_is_refused(tokens, num_samples):
+    with pytest.raises(decoding.AlignmentInputError, match="at least 0.04 s"):
+        decoding.plan_alignment(noise(num_samples), tokens, text="hello")
+
+
+def test_times_stay_inside_the_window_whatever_the_matrix(tokens):
+    """A NaN matrix (the z-score of a single frame) sends DTW's path off the matrix's edge,
+    which gave times of -0.02 s."""
+    plan = decoding.plan_transcription(noise(2000), tokens, language="en")
+    [window] = plan.windows
+    rows = window.alignment.rows_sent(len(tokens.encode(TEXT)))
+    result = answered(plan, tokens, cross_qk=np.full((1, rows, 6), np.nan, dtype=np.float32))
+    times = all_times(result)
+    assert result["words"] and min(times) >= 0 and max(times) <= 2000 / SAMPLE_RATE
