@@ -20,7 +20,12 @@ MAX_AUDIO_S = 120
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server_log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("server")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, server_log_dir):
     """`vllm-whisper-align serve` as a user would start it, on a free local port.
 
     WHISPER_ALIGN_TEST_SERVER=http://host:port reuses a server already started the same way.
@@ -31,7 +36,7 @@ def server(model_dir, tmp_path_factory):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
         return
     with running_server(
-        model_dir, tmp_path_factory.mktemp("server"), "whisper-tiny.en",
+        model_dir, server_log_dir, "whisper-tiny.en",
         env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)},
     ) as base:
         yield base
@@ -64,6 +69,16 @@ def assert_openai_error(response: httpx.Response, param_or_text: str) -> None:
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error" and error["message"]
     assert param_or_text in (error.get("param") or "") + error["message"]
+
+
+def test_our_info_lines_reach_the_server_log(server, server_log_dir):
+    """Our loggers sit under vLLM's logging config: the worker's notice of the heads it captures is logged."""
+    from conftest import SERVER_LOG
+
+    if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
+        pytest.skip("the log of a server started elsewhere is not ours to read")
+    log = (server_log_dir / SERVER_LOG).read_text()
+    assert re.search(r" INFO .*Word timestamps: capturing \d+ alignment heads", log), log[-3000:]
 
 
 def test_openai_client_gets_words(client):

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from vllm.logger import init_logger
 
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
 
 if TYPE_CHECKING:
     from vllm_whisper_align.model import CapturingCrossAttention
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 # Finished requests whose timings nobody fetched (a client that went away) are dropped after this
 # many seconds, or when more than MAX_PARKED wait. Both can be set per engine with

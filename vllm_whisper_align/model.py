@@ -15,16 +15,16 @@ import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.inputs import TextPrompt
-from vllm.logger import init_logger
 from vllm.model_executor.models.whisper import (
     WhisperCrossAttention,
     WhisperForConditionalGeneration,
 )
 
 from vllm_whisper_align.capture import MAX_PARKED, RESULT_TTL_S, AlignmentCapture
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 # Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
 ENGLISH_ONLY_VOCAB_SIZE = 51864

@@ -13,16 +13,16 @@ from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from vllm.logger import init_logger
 
 from vllm_whisper_align import transcribe
 from vllm_whisper_align.audio import AudioSource, decode_audio
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.model import WhisperAlignConfig
 from vllm_whisper_align.models import resolve_model
 from vllm_whisper_align.plugin import RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:

@@ -14,14 +14,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
-from vllm.logger import init_logger
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.audio import AudioError, decode_audio
 from vllm_whisper_align.formats import write_result
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.server.service import AlignmentService, RequestError
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 router = APIRouter()
 

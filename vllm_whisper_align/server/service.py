@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 from vllm import envs
-from vllm.logger import init_logger
 
 from vllm_whisper_align import transcribe
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 MAX_AUDIO_ENV = "VLLM_WHISPER_ALIGN_MAX_AUDIO_S"
 
