@@ -7,7 +7,10 @@ lines vanished, in the server too. Named ``vllm.whisper_align.*``, they share vL
 
 from __future__ import annotations
 
-from vllm.logger import init_logger
+import copy
+from typing import Any
+
+from vllm.logger import DEFAULT_LOGGING_CONFIG, init_logger
 
 PACKAGE_LOGGER = "vllm.whisper_align"
 
@@ -17,3 +20,15 @@ def get_logger(module_name: str):
     _, _, submodule = module_name.partition(".")
     return init_logger(f"{PACKAGE_LOGGER}.{submodule}" if submodule else PACKAGE_LOGGER)
 
+
+def quiet_logging_config(stream: str) -> dict[str, Any]:
+    """vLLM's own logging config (its format, its handler), with vLLM's loggers at ERROR only.
+
+    Ours keep their warnings (e.g. a model without alignment heads): they are the user's business,
+    while vLLM's warnings on a CPU machine are a dozen lines about its own setup.
+    """
+    config = copy.deepcopy(DEFAULT_LOGGING_CONFIG)
+    config["handlers"]["vllm"].update(level="WARNING", stream=stream, formatter="vllm")
+    config["loggers"]["vllm"]["level"] = "ERROR"
+    config["loggers"][PACKAGE_LOGGER] = {"level": "WARNING"}
+    return config

@@ -48,6 +48,9 @@ def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
 PARALLEL_SIZE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 # Up to this many cores, the model's threads get every core (see set_cpu_environment).
 ALL_CORES_UP_TO = 4
+# How long close() lets the engine's processes exit before they are killed. vLLM's own default (5 s)
+# is too short for a loaded 2-core machine, and a killed engine core leaks its shared memory.
+ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
 
 
 def set_cpu_environment(single_worker: bool) -> None:
@@ -65,7 +68,11 @@ def set_cpu_environment(single_worker: bool) -> None:
 
 
 class WhisperAligner:
-    """One vLLM engine serving transcription and forced alignment with word timestamps."""
+    """One vLLM engine serving transcription and forced alignment with word timestamps.
+
+    ``close()`` it (or use it as a context manager) when done: left to interpreter exit, vLLM's
+    shutdown races it, and warns of an engine core that "exited unexpectedly" or was killed.
+    """
 
     def __init__(self, model: str | None = None, **engine_args: Any):
         from vllm import LLM
@@ -75,6 +82,16 @@ class WhisperAligner:
         self.llm = LLM(**default_engine_args(self.model, **engine_args))
         self.tokens = WhisperTokens.from_tokenizer(self.llm.get_tokenizer())
         self.suppress_tokens = transcribe.suppressed_tokens(self.llm.llm_engine.model_config)
+
+    def close(self) -> None:
+        """Stop the engine's processes and wait for them; a second call does nothing."""
+        self.llm.llm_engine.engine_core.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
+
+    def __enter__(self) -> WhisperAligner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ---- public API --------------------------------------------------------------------------
 
