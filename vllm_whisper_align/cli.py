@@ -289,7 +289,6 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
-    return 0
 
 
 def _serve_defaults(server_argv: list[str]) -> list[str]:
