@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 FORMATS = ("json", "verbose_json", "srt", "vtt", "text")
+# The commands that run an engine here, whose logging the CLI sets up.
+ENGINE_COMMANDS = ("transcribe", "align")
 # vLLM's handler writes to stdout by default, where the results go.
 LOG_STREAM = "ext://sys.stderr"
 # Environment variables that say the user set up vLLM's logging: then the CLI does not quieten it.
@@ -73,7 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
             return _serve(model, argv[2:] if model else argv[1:])
         # Looked up before parsing: splitting off the engine options may import vLLM, which logs.
-        with _logging_to_stderr(verbose="--verbose" in argv):
+        runs_engine = bool(argv) and argv[0] in ENGINE_COMMANDS
+        with _logging_to_stderr("--verbose" in argv) if runs_engine else contextlib.nullcontext():
             return _run(parser, argv)
     except (ValueError, OSError) as error:
         print(f"vllm-whisper-align: error: {_one_line(error)}", file=sys.stderr)
