@@ -53,6 +53,8 @@ def reference(model_dir):
 
 
 SERVER_START_TIMEOUT_S = 900
+# running_server writes the server's stdout and stderr to this file in its log_dir.
+SERVER_LOG = "server.log"
 
 
 def _free_port() -> int:
@@ -72,7 +74,7 @@ def running_server(model: str | Path, log_dir: Path, served_name: str | None = N
     import httpx
 
     port = _free_port()
-    log_path = log_dir / "server.log"
+    log_path = log_dir / SERVER_LOG
     command = [
         str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "32",

@@ -12,10 +12,18 @@ import pytest
 
 from silence import write_silent_flac
 from speech import sentence_clips, start_errors, write_wav
+from test_formats import parse_srt
 from vllm_whisper_align.quantization import encoder_int8_supported
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
 ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]
+# Without --verbose, stderr may hold a few lines besides the CLI's own (vLLM's processes log their
+# import-time warnings before any logging config reaches them), not vLLM's log of ~60 lines.
+QUIET_STDERR_MAX_LINES = 4
+# What vLLM says when the engine is killed or dies at exit instead of being shut down.
+UNCLEAN_EXIT = re.compile(r"exited unexpectedly|leaked shared_memory|force killing", re.IGNORECASE)
+# A line of vLLM's log format: "(EngineCore pid=123) INFO 11-30 01:17:56 [core.py:133] ...".
+VLLM_INFO_LINE = re.compile(r"^\([\w-]+ pid=\d+\) INFO ", re.MULTILINE)
 
 
 def run_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
@@ -24,6 +32,14 @@ def run_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("vllm-whisper-align")]
+
+
+def assert_quiet_and_clean(stderr: str) -> None:
+    """Without --verbose: none of vLLM's log, and an engine shut down, not killed."""
+    notices = error_lines(stderr) + [line for line in stderr.splitlines() if line.startswith("wrote ")]
+    other_lines = [line for line in stderr.splitlines() if line not in notices]
+    assert len(other_lines) <= QUIET_STDERR_MAX_LINES, stderr[-3000:]
+    assert not UNCLEAN_EXIT.search(stderr), stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +55,22 @@ def audio_files(tmp_path_factory):
     return folder, paths, clips
 
 
-def test_transcribe_files_with_words_and_bad_inputs(audio_files, tmp_path):
+def test_transcribe_files_with_words_and_bad_inputs(audio_files):
+    """stdout is the results, one JSON document a line, in order: `> out.jsonl` and `| jq` work."""
     folder, paths, clips = audio_files
     missing = folder / "missing.wav"
     result = run_cli(
         "transcribe", str(paths[0]), str(missing), str(folder / "notes.txt"), str(paths[1]),
-        "--word-timestamps", "--format", "verbose_json", "--output-dir", str(tmp_path), *ENGINE_OPTIONS,
+        "--word-timestamps", "--format", "verbose_json", *ENGINE_OPTIONS,
     )
     assert result.returncode == 1, result.stderr[-3000:]
     errors = error_lines(result.stderr)
     assert len(errors) == 2, errors
     assert "missing.wav" in errors[0] and "notes.txt" in errors[1]
-    for path, clip in zip(paths, clips):
-        output = json.loads((tmp_path / f"{path.stem}.json").read_text())
+    assert_quiet_and_clean(result.stderr)
+    outputs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(outputs) == len(clips), result.stdout[-3000:]
+    for output, clip in zip(outputs, clips):
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
 
 
@@ -65,6 +84,8 @@ def test_int8_encoder_option(audio_files, tmp_path):
         "--additional-config", json.dumps({"whisper_align": {"encoder_int8": True}}),
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == ""  # the results are in the files; nothing else goes to stdout
+    assert_quiet_and_clean(result.stderr)
     for path, clip in zip(paths, clips):
         output = json.loads((tmp_path / f"{path.stem}.json").read_text())
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
@@ -117,9 +138,10 @@ def test_align_refuses_a_long_file_from_its_header(tmp_path):
     assert peak_mb - baseline_mb < 100, (peak_mb, baseline_mb)
 
 
-def test_align_manifest_on_the_default_engine(audio_files, tmp_path):
+def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     """No --dtype: the engine runs the dtype chosen for this CPU (float32 without native bf16), not the
-    model's float16; vLLM's own config line says what it runs."""
+    model's float16; vLLM's own config line says what it runs. With --verbose, vLLM's log (and ours,
+    from the worker) is on stderr; stdout is still only SRT."""
     from vllm_whisper_align.engine_defaults import cpu_flags, fast_dtype
 
     folder, paths, clips = audio_files
@@ -128,14 +150,15 @@ def test_align_manifest_on_the_default_engine(audio_files, tmp_path):
         json.dumps({"audio": str(paths[0]), "text": clips[0].text}) + "\n"
         + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"}) + "\n"
     )
-    result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--output-dir", str(tmp_path),
-                     "--max-num-seqs", "4")
+    result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--verbose", "--max-num-seqs", "4")
     assert result.returncode == 1
     engine_dtypes = set(re.findall(r"dtype=torch\.(\w+)", result.stderr + result.stdout))
     assert engine_dtypes == {fast_dtype(True, cpu_flags())}, result.stderr[-3000:]
     assert len(error_lines(result.stderr)) == 1
-    srt = (tmp_path / f"{paths[0].stem}.srt").read_text()
-    assert "-->" in srt and clips[0].words[0].lower() in srt.lower()
+    cues = parse_srt(result.stdout)
+    assert " ".join(text for _, _, text in cues).split() == clips[0].text.split(), result.stdout
+    assert VLLM_INFO_LINE.search(result.stderr) and "Word timestamps: capturing" in result.stderr
+    assert not UNCLEAN_EXIT.search(result.stderr), result.stderr[-3000:]
 
 
 def test_bad_manifest_line_is_one_line_error(tmp_path):

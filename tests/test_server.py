@@ -23,7 +23,12 @@ SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by p
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server_log_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("server")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, server_log_dir):
     """`vllm-whisper-align serve` as a user would start it, on a free local port.
 
     WHISPER_ALIGN_TEST_SERVER=http://host:port reuses a server already started the same way.
@@ -34,7 +39,7 @@ def server(model_dir, tmp_path_factory):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
         return
     with running_server(  # no --served-model-name: serve names the model itself
-        model_dir, tmp_path_factory.mktemp("server"),
+        model_dir, server_log_dir,
         env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)},
     ) as base:
         yield base
@@ -74,6 +79,16 @@ def test_served_model_is_a_name_and_unknown_model_error_lists_names(server, clie
     response = transcribe_raw(server, wav_bytes(sentence_clips()[4]), model="no-such-model")
     assert_openai_error(response, "model")
     assert response.json()["error"]["message"].endswith(f"this server serves `{SERVED_NAME}`")
+
+
+def test_our_info_lines_reach_the_server_log(server, server_log_dir):
+    """Our loggers sit under vLLM's logging config: the worker's notice of the heads it captures is logged."""
+    from conftest import SERVER_LOG
+
+    if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
+        pytest.skip("the log of a server started elsewhere is not ours to read")
+    log = (server_log_dir / SERVER_LOG).read_text()
+    assert re.search(r" INFO .*Word timestamps: capturing \d+ alignment heads", log), log[-3000:]
 
 
 def test_openai_client_gets_words(client):

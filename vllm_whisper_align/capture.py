@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from vllm.logger import init_logger
 
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 class CapturingLayer(Protocol):

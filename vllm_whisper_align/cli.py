@@ -2,19 +2,32 @@
 
 Options this CLI does not know (``--dtype``, ``--max-num-seqs``, ``--enforce-eager``…) go to vLLM's
 own engine-argument parser, so every engine setting works as it does for ``vllm serve``.
+
+stdout carries the results and nothing else (``> out.json``, ``| jq``): logs go to stderr, and vLLM's
+only with ``--verbose``. ``serve`` keeps vLLM's own logging.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging.config
 import os
 import sys
+import tempfile
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from vllm_whisper_align.formats import RESPONSE_FORMATS
 
+# The commands that run an engine here, whose logging the CLI sets up.
+ENGINE_COMMANDS = ("transcribe", "align")
+# vLLM's handler writes to stdout by default, where the results go.
+LOG_STREAM = "ext://sys.stderr"
+# Environment variables that say the user set up vLLM's logging: then the CLI does not quieten it.
+USER_LOGGING_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +68,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     lines.add_argument("--max-words-per-line", type=int, default=None, help="words in a line")
     lines.add_argument("--highlight-words", action="store_true", help="a cue per word, the word underlined")
     parser.add_argument("--output-dir", type=Path, default=None, help="write <stem>.<ext> files here")
+    parser.add_argument("--verbose", action="store_true", help="vLLM's log and progress bars (on stderr)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,18 +80,67 @@ def main(argv: Sequence[str] | None = None) -> int:
             # would take an option's value (`--port 8000`) for MODEL.
             model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
             return _serve(model, argv[2:] if model else argv[1:])
-        else:
-            own_argv, engine_argv = _split_engine_options(argv, _own_options(parser))
-            args = parser.parse_args(own_argv)
-        if args.command == "convert-ct2":
-            return _convert(args)
-        engine_args = _engine_args(engine_argv)
-        if args.command == "transcribe":
-            return _transcribe(args, engine_args)
-        return _align(args, engine_args)
+        # Looked up before parsing: splitting off the engine options may import vLLM, which logs.
+        runs_engine = bool(argv) and argv[0] in ENGINE_COMMANDS
+        with _logging_to_stderr("--verbose" in argv) if runs_engine else contextlib.nullcontext():
+            return _run(parser, argv)
     except (ValueError, OSError) as error:
         print(f"vllm-whisper-align: error: {_one_line(error)}", file=sys.stderr)
         return 2
+
+
+def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    own_argv, engine_argv = _split_engine_options(argv, _own_options(parser))
+    args = parser.parse_args(own_argv)
+    if args.command == "convert-ct2":
+        return _convert(args)
+    engine_args = _engine_args(engine_argv)
+    # The checkpoint-loading progress bar is vLLM's too.
+    engine_args.setdefault("use_tqdm_on_load", args.verbose)
+    if args.command == "transcribe":
+        return _transcribe(args, engine_args)
+    return _align(args, engine_args)
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(verbose: bool) -> Iterator[None]:
+    """vLLM's log on stderr; unless ``verbose``, only its errors, and our own warnings.
+
+    Set up before vLLM is imported, in the environment, which the engine's processes inherit
+    (restored on the way out, for a caller of main()). Logging the user configured for vLLM (a level,
+    a config file, none at all) is left as it is.
+    """
+    saved_environment = dict(os.environ)
+    try:
+        os.environ["VLLM_LOGGING_STREAM"] = LOG_STREAM
+        if verbose or any(name in os.environ for name in USER_LOGGING_SETTINGS):
+            yield
+        else:
+            with _quiet_vllm():
+                yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+
+
+@contextlib.contextmanager
+def _quiet_vllm() -> Iterator[None]:
+    """vLLM's loggers at ERROR, ours at WARNING: here, and through a config file in the engine's processes."""
+    from vllm_whisper_align.log import quiet_logging_config
+
+    config = quiet_logging_config(LOG_STREAM)
+    logging.config.dictConfig(config)
+    # Bypassing logging: PyTorch's C++ warnings (NUMA binding...), and the FutureWarnings of the
+    # PyTorch APIs that vLLM calls, in vLLM's processes (the environment) and in this one.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if "PYTHONWARNINGS" not in os.environ:
+        os.environ["PYTHONWARNINGS"] = "ignore::FutureWarning"
+        warnings.filterwarnings("ignore", category=FutureWarning)
+    with tempfile.NamedTemporaryFile("w", prefix="vllm-whisper-align-logging-", suffix=".json") as file:
+        json.dump(config, file)
+        file.flush()
+        os.environ["VLLM_LOGGING_CONFIG_PATH"] = file.name
+        yield
 
 
 def _own_options(parser: argparse.ArgumentParser) -> set[str]:
@@ -142,17 +205,17 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
             print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)
             failures += 1
     if decoded:
-        aligner = _aligner(args.model, engine_args)
-        results = aligner.transcribe(
-            [samples for _, samples in decoded],
-            language=args.language,
-            task=args.task,
-            word_timestamps=args.word_timestamps,
-            prompt=args.prompt,
-            use_tqdm=len(decoded) > 1,
-        )
-        for (path, _), result in zip(decoded, results):
-            _emit(path, result, args, "word" if args.word_timestamps else "segment")
+        with _aligner(args.model, engine_args) as aligner:
+            results = aligner.transcribe(
+                [samples for _, samples in decoded],
+                language=args.language,
+                task=args.task,
+                word_timestamps=args.word_timestamps,
+                prompt=args.prompt,
+                use_tqdm=args.verbose and len(decoded) > 1,
+            )
+            for (path, _), result in zip(decoded, results):
+                _emit(path, result, args, "word" if args.word_timestamps else "segment")
     return 1 if failures else 0
 
 
@@ -163,17 +226,18 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     items = _alignment_items(args)
     aligner = None
     failures = 0
-    for path, text in items:
-        try:
-            # Forced alignment takes one window: decoding more than that would be for nothing.
-            samples = decode_audio(path, max_seconds=MAX_ALIGNMENT_SECONDS)
-            aligner = aligner or _aligner(args.model, engine_args)
-            result = aligner.align([samples], [text], language=args.language)[0]
-        except (AudioError, AlignmentInputError) as error:
-            print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)
-            failures += 1
-            continue
-        _emit(path, result, args, "word")
+    with contextlib.ExitStack() as engine:
+        for path, text in items:
+            try:
+                # Forced alignment takes one window: decoding more than that would be for nothing.
+                samples = decode_audio(path, max_seconds=MAX_ALIGNMENT_SECONDS)
+                aligner = aligner or engine.enter_context(_aligner(args.model, engine_args))
+                result = aligner.align([samples], [text], language=args.language)[0]
+            except (AudioError, AlignmentInputError) as error:
+                print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)
+                failures += 1
+                continue
+            _emit(path, result, args, "word")
     return 1 if failures else 0
 
 
@@ -242,7 +306,6 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
-    return 0
 
 
 def _serve_defaults(

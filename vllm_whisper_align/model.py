@@ -15,7 +15,6 @@ import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.inputs import TextPrompt
-from vllm.logger import init_logger
 from vllm.model_executor.models.whisper import (
     WhisperCrossAttention,
     WhisperForConditionalGeneration,
@@ -23,11 +22,12 @@ from vllm.model_executor.models.whisper import (
 
 from vllm_whisper_align.capture import AlignmentCapture
 from vllm_whisper_align.heads import resolve_alignment_heads
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import WhisperAlignConfig
 from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
 from vllm_whisper_align.tokenizer import ENGLISH_ONLY_START, is_english_only_vocab
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 class CapturingCrossAttention(WhisperCrossAttention):

@@ -13,17 +13,17 @@ from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 import numpy as np
-from vllm.logger import init_logger
 
 from vllm_whisper_align import decoding, results
 from vllm_whisper_align.audio import AudioSource, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.plugin import RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
@@ -38,8 +38,17 @@ def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
     return args
 
 
+# How long close() lets the engine's processes exit before they are killed. vLLM's own default (5 s)
+# is too short for a loaded 2-core machine, and a killed engine core leaks its shared memory.
+ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
+
+
 class WhisperAligner:
-    """One vLLM engine serving transcription and forced alignment with word timestamps."""
+    """One vLLM engine serving transcription and forced alignment with word timestamps.
+
+    ``close()`` it (or use it as a context manager) when done: left to interpreter exit, vLLM's
+    shutdown races it, and warns of an engine core that "exited unexpectedly" or was killed.
+    """
 
     def __init__(self, model: str | None = None, **engine_args: Any):
         from vllm import LLM
@@ -56,6 +65,16 @@ class WhisperAligner:
         self.language_detection = (
             decoding.LanguageDetection.for_model(model_config, tokenizer) if self.tokens.is_multilingual else None
         )
+
+    def close(self) -> None:
+        """Stop the engine's processes and wait for them; a second call does nothing."""
+        self.llm.llm_engine.engine_core.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
+
+    def __enter__(self) -> WhisperAligner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ---- public API --------------------------------------------------------------------------
 

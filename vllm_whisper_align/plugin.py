@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm.logger import init_logger
 
 from vllm_whisper_align import vllm_adapter
+from vllm_whisper_align.log import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
 MODEL_CLASS = "vllm_whisper_align.model:WhisperAlignForConditionalGeneration"

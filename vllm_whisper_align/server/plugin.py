@@ -6,9 +6,10 @@ from argparse import Namespace
 
 from fastapi import FastAPI
 from starlette.datastructures import State
-from vllm.logger import init_logger
 
-logger = init_logger(__name__)
+from vllm_whisper_align.log import get_logger
+
+logger = get_logger(__name__)
 
 
 class WhisperAlignEndpoints:

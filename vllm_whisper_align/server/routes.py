@@ -16,17 +16,17 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm import SamplingParams
-from vllm.logger import init_logger
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
 )
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
 from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 router = APIRouter()
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import numpy as np
 from vllm import envs
-from vllm.logger import init_logger
 
 from vllm_whisper_align import decoding, results
 from vllm_whisper_align.audio import SAMPLE_RATE
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentRequest
 from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 MAX_AUDIO_ENV = "VLLM_WHISPER_ALIGN_MAX_AUDIO_S"
 
