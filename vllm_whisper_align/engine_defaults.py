@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from vllm.logger import init_logger
+from vllm_whisper_align.log import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_MAX_NUM_SEQS = 32
 # On CPU, --gpu-memory-utilization is the share of one NUMA node's memory the worker may ask for.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm.logger import init_logger
+from vllm_whisper_align.log import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
