@@ -392,7 +392,7 @@ def engine_counts(server: str) -> dict[str, float]:
 def test_disconnect_aborts_and_frees_capture(server):
     """A client that goes away while its windows are in the engine gets them aborted (vLLM counts
     them as aborted, not finished) and its capture freed; without the abort they would run on."""
-    clip = long_clip(300.0)  # ten 30 s windows: far longer to transcribe than the wait below
+    clip = long_clip(MAX_AUDIO_S - 10.0)  # four 30 s windows: far longer to transcribe than the wait below
     before = engine_counts(server)
 
     async def post_then_disconnect() -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.datastructures import UploadFile
 from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm import SamplingParams
+from vllm.exceptions import VLLMValidationError
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
@@ -161,7 +162,7 @@ def _sampling(form: Any) -> dict[str, Any]:
         sampling["max_tokens"] = sampling.pop("max_completion_tokens")
     try:
         SamplingParams(**sampling)
-    except ValueError as error:
+    except (ValueError, VLLMValidationError) as error:  # vLLM's is not a ValueError
         name = getattr(error, "parameter", None)
         raise RequestError(str(error), "max_completion_tokens" if name == "max_tokens" else name) from None
     return sampling
