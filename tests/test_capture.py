@@ -8,10 +8,11 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from vllm_whisper_align.capture import AlignmentCapture
-from vllm_whisper_align.params import AlignmentParams, AlignmentRequest
+from vllm_whisper_align.params import AlignmentParams, AlignmentRequest, NoSpeechParams
 from vllm_whisper_align.vllm_adapter import SCHEDULER_OUTPUT_FIELDS
 
 HEAD_DIM, ENCODER_ROWS, MAX_ROWS = 4, 6, 16
@@ -27,10 +28,16 @@ def make_capture(**options) -> AlignmentCapture:
 
 
 def step(new=(), cached=(), finished=(), encoder=()) -> SimpleNamespace:
-    """new: (req_id, params, tokens) admitted now; cached: (req_id, computed, tokens) running on."""
+    """new: (req_id, params, tokens) admitted now; cached: (req_id, computed, tokens) running on.
+    params: AlignmentParams, NoSpeechParams, a tuple of both, or None."""
+    def extra_args(params):
+        merged = None
+        for p in params if isinstance(params, tuple) else (params,):
+            merged = p.to_extra_args(merged) if p else merged
+        return merged
+
     new_reqs = [
-        SimpleNamespace(req_id=r, num_computed_tokens=0,
-                        sampling_params=SimpleNamespace(extra_args=p.to_extra_args() if p else None))
+        SimpleNamespace(req_id=r, num_computed_tokens=0, sampling_params=SimpleNamespace(extra_args=extra_args(p)))
         for r, p, _ in new
     ]
     scheduled = {r: n for r, _, n in new} | {r: n for r, _, n in cached}
@@ -63,7 +70,8 @@ def test_fetch_returns_the_rows_sent_and_frees_everything():
     # heads x [sot, no_timestamps, 3 text rows] (the eot row was never fed) x num_frames // 2
     assert answer["shape"] == [1, min(params.rows_sent(3), 1 + 1 + 3), 4], answer
     assert capture.stats() | {"slot_bytes": 0} == {
-        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "parked_bytes": 0
+        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "parked_bytes": 0,
+        "no_speech_pending": 0, "no_speech_parked": 0,
     }
 
 
@@ -105,3 +113,32 @@ def test_queries_land_in_their_own_requests_rows():
     scale = HEAD_DIM * HEAD_DIM**-0.5  # q row value v gives q.k = v * HEAD_DIM, scaled by 1/sqrt(d)
     np.testing.assert_allclose(qk_b[0, :, 0], np.array([0, 1]) * scale)  # b's tokens came first
     np.testing.assert_allclose(qk_a[0, :, 0], np.array([2, 3]) * scale)
+
+
+def test_no_speech_prob_is_read_at_each_requests_sot_row():
+    """Two requests in one step, in batch order b, a: each gets softmax(logits of its own sot row)
+    at the no-speech token; a's sot row comes after two <|startofprev|> rows. Nothing stays kept."""
+    vocab, width = 5, 3
+    lm_head = torch.randn(vocab, width, generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(8, width, generator=torch.Generator().manual_seed(1))
+    capture = make_capture(hidden=hidden.clone(), logits_of=lambda rows: rows @ lm_head.T)
+    a, b, a_alignment = NoSpeechParams(row=2, token=4), NoSpeechParams(row=0, token=4), AlignmentParams(8, 2, 3)
+    capture.after_step(step(new=[("a", (a_alignment, a), 4), ("b", b, 2)]), ["b", "a"])
+    expected = (hidden @ lm_head.T).softmax(-1)[:, 4]
+    answers = {r["key"]: r for r in capture.no_speech_probs([a.key, b.key, "unknown"])}
+    assert answers[b.key]["no_speech_prob"] == pytest.approx(float(expected[0]))  # b: rows 0-1, sot at 0
+    assert answers[a.key]["no_speech_prob"] == pytest.approx(float(expected[2 + 2]))  # a: rows 2-5, sot at 4
+    assert "error" in answers["unknown"]
+    capture.after_step(step(finished=["a", "b"]), [])
+    capture.discard([a_alignment.key])
+    stats = capture.stats()
+    assert stats["no_speech_pending"] == stats["no_speech_parked"] == stats["parked"] == 0, stats
+
+
+def test_no_speech_of_an_aborted_request_is_forgotten():
+    capture = make_capture(hidden=torch.zeros(8, 3), logits_of=lambda rows: rows)
+    params = NoSpeechParams(row=3, token=0)
+    capture.after_step(step(new=[("r", params, 2)]), ["r"])  # a chunked prompt: sot row not reached
+    assert capture.stats()["no_speech_pending"] == 1
+    capture.after_step(step(finished=["r"]), [])
+    assert capture.stats()["no_speech_pending"] == 0

@@ -97,7 +97,8 @@ def test_batched_requests_match_each_alone(aligner, clips):
 def test_mixed_alignment_in_one_generate_call(aligner, clips):
     """One generate() call where half the requests ask for alignment and half do not."""
     plans = [
-        plan_transcription(c.samples, aligner.tokens, language="en", word_timestamps=i % 2 == 0)
+        plan_transcription(c.samples, aligner.tokens, language="en", word_timestamps=i % 2 == 0,
+                           suppress_tokens=aligner.suppress_tokens)
         for i, c in enumerate(clips)
     ]
     results = aligner._run(plans, use_tqdm=False)
@@ -177,7 +178,58 @@ def test_forced_alignment_rejects_what_does_not_fit(aligner, clips):
         aligner.align([clips[0].samples], token_ids=[[aligner.tokens.eot + 5]])
 
 
-def test_silence_gives_no_words(aligner):
-    result = aligner.transcribe([np.zeros(16000 * 2, dtype=np.float32)], word_timestamps=True)[0]
-    assert isinstance(result["words"], list)
-    assert result["duration"] == pytest.approx(2.0)
+SILENCE_60S = np.zeros(16000 * 60, dtype=np.float32)
+NOISE_60S = np.random.default_rng(0).normal(0.0, 0.1, 16000 * 60).astype(np.float32)
+
+
+def test_silence_and_noise_give_no_words(aligner):
+    """openai-whisper's transcribe defaults give 2 words for 60 s of digital silence and none for
+    60 s of white noise on these weights; nothing stays kept in the worker afterwards."""
+    silence, noise = aligner.transcribe([SILENCE_60S, NOISE_60S], word_timestamps=True)
+    assert len(silence["words"]) <= 2, silence["text"]
+    assert noise["words"] == [] and noise["text"] == "", noise["text"]
+    assert silence["duration"] == pytest.approx(60.0)
+    stats = aligner.capture_stats()
+    assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
+
+
+def test_no_words_in_a_silent_tail(aligner, clips):
+    """Speech, then 60 s of silence: the speech is still heard, and nothing is heard after it."""
+    clip = clips[1]
+    samples = np.concatenate([clip.samples, np.zeros(16000 * 60, dtype=np.float32)])
+    result = aligner.transcribe([samples], word_timestamps=True)[0]
+    spoken = [w.lower().strip(".,") for w in clip.words]
+    heard = [w["word"].lower().strip(" .,") for w in result["words"]]
+    assert len(set(spoken) & set(heard)) >= 0.75 * len(set(spoken)), result["text"]
+    assert all(w["end"] <= clip.duration + 0.5 for w in result["words"]), result["words"]
+
+
+def test_no_speech_prob_is_high_on_silence_and_low_on_speech(aligner, clips):
+    """openai-whisper's probability of the no-speech token at <|startoftranscript|>, per window."""
+    plans = [
+        plan_transcription(samples, aligner.tokens, language="en", word_timestamps=False)
+        for samples in (SILENCE_60S[: 16000 * 30], clips[1].samples)
+    ]
+    windows = [plan.windows[0] for plan in plans]
+    aligner.llm.generate([w.engine_prompt() for w in windows], [w.sampling_params for w in windows])
+    silent, speech = aligner.no_speech_probs(windows)
+    assert silent > 0.6 and speech < 0.3, (silent, speech)
+    assert aligner.capture_stats()["no_speech_parked"] == 0
+
+
+def test_fallback_resubmits_only_the_failing_windows(aligner, clips):
+    """One generate call: the plan whose windows always fail (any text compresses worse than 0.01)
+    is decoded at every temperature of the schedule, the other only at 0; only the last attempt of
+    each window is aligned, and the captures of the superseded ones are freed."""
+    from vllm_whisper_align.decoding import FallbackOptions
+
+    failing = FallbackOptions(compression_ratio_threshold=0.01)
+    plans = [
+        plan_transcription(clips[0].samples, aligner.tokens, language="en", fallback=failing),
+        plan_transcription(clips[1].samples, aligner.tokens, language="en"),
+    ]
+    retried, kept = aligner._run(plans, use_tqdm=False)
+    assert retried["segments"] and {s["temperature"] for s in retried["segments"]} == {1.0}, retried
+    assert kept["words"] and {s["temperature"] for s in kept["segments"]} == {0.0}, kept
+    stats = aligner.capture_stats()
+    assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats

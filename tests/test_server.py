@@ -438,6 +438,22 @@ def test_stream_without_timestamps_is_vllms_own_stream(server):
     assert "glass" in "".join(deltas).lower()
 
 
+def test_silence_has_a_no_speech_prob_and_thresholds_are_checked(server):
+    """A silent window is kept when the thresholds are off, and says how likely silence is; with the
+    defaults it is dropped. Nonsense thresholds are a 400 naming the field."""
+    silence = wav_bytes(np.zeros(16000 * 30, dtype=np.float32))
+    off = {name: "none" for name in ("no_speech_threshold", "logprob_threshold", "compression_ratio_threshold")}
+    kept = transcribe_raw(server, silence, response_format="verbose_json", **off).json()
+    assert kept["segments"] and all(s["no_speech_prob"] > 0.6 for s in kept["segments"]), kept
+    dropped = transcribe_raw(server, silence, response_format="verbose_json").json()
+    assert dropped["segments"] == [] and dropped["text"] == "", dropped
+    assert_openai_error(transcribe_raw(server, silence, no_speech_threshold="loud"), "no_speech_threshold")
+    assert_openai_error(transcribe_raw(server, silence, no_speech_threshold="1.5"), "no_speech_threshold")
+    assert_openai_error(transcribe_raw(server, silence, logprob_threshold="nan"), "logprob_threshold")
+    assert_openai_error(transcribe_raw(server, silence, compression_ratio_threshold="-1"),
+                        "compression_ratio_threshold")
+
+
 def test_openapi_lists_alignment_route(server):
     schema = httpx.get(f"{server}/openapi.json", timeout=30).json()
     assert "/v1/audio/alignments" in schema["paths"]

@@ -11,6 +11,11 @@ Only requests whose ``SamplingParams.extra_args`` carry :class:`AlignmentParams`
 rows are gathered with one ``index_copy_`` per alignment layer and step. When a request finishes
 (or is aborted) its Q·Kᵀ is formed, moved to host memory and its slot is freed; the host copy waits
 for the fetch RPC, bounded in count and age.
+
+Requests whose ``extra_args`` carry :class:`NoSpeechParams` get openai-whisper's ``no_speech_prob``:
+the model keeps each step's decoder output (``hidden``), and the step that computes a request's
+``<|startoftranscript|>`` row turns that one row into logits; the probability waits for its RPC
+like a parked matrix.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest
+from vllm_whisper_align.params import (
+    MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest, NoSpeechParams,
+)
 
 logger = get_logger(__name__)
 
@@ -65,8 +72,15 @@ class AlignmentCapture:
         max_requests: int,
         result_ttl_s: float = RESULT_TTL_S,
         max_parked: int = MAX_PARKED,
+        hidden: torch.Tensor | None = None,
+        logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
         self.layers = layers
+        # This step's decoder output [max_tokens, d_model] and the model's LM head, for no_speech_prob.
+        self.hidden = hidden
+        self.logits_of = logits_of
+        self.no_speech_pending: dict[str, NoSpeechParams] = {}  # by engine request id
+        self.no_speech_parked: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key: (prob, time)
         self.result_ttl_s = result_ttl_s
         self.max_parked = max_parked
         self.head_dim = head_dim
@@ -119,16 +133,23 @@ class AlignmentCapture:
         for req_id in scheduler_output.finished_req_ids:
             if req_id in self.tracked:
                 self._park(req_id)
+            self.no_speech_pending.pop(req_id, None)  # aborted before its prompt ran
         self._track_new_requests(scheduler_output)
         if self.tracked and scheduler_output.total_num_scheduled_tokens:
             self._copy_keys(scheduler_output)
             self._copy_queries(scheduler_output, batch_req_ids)
+        if self.no_speech_pending and scheduler_output.total_num_scheduled_tokens:
+            self._read_no_speech(scheduler_output, batch_req_ids)
         self._expire_parked()
 
     def _track_new_requests(self, scheduler_output: Any) -> None:
         for new_request in scheduler_output.scheduled_new_reqs:
             sampling_params = new_request.sampling_params
-            params = AlignmentParams.from_extra_args(sampling_params and sampling_params.extra_args)
+            extra_args = sampling_params and sampling_params.extra_args
+            no_speech = NoSpeechParams.from_extra_args(extra_args)
+            if no_speech is not None and self.hidden is not None:
+                self.no_speech_pending[new_request.req_id] = no_speech
+            params = AlignmentParams.from_extra_args(extra_args)
             if params is None or new_request.req_id in self.tracked:
                 continue
             slot = self._take_slot()
@@ -150,20 +171,15 @@ class AlignmentCapture:
             row += self.encoder_rows
 
     def _copy_queries(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
-        computed = _num_computed_tokens(scheduler_output)
-        num_scheduled = scheduler_output.num_scheduled_tokens
         sources, targets = [], []
-        row = 0
-        for req_id in batch_req_ids:
-            count = num_scheduled.get(req_id, 0)
+        for req_id, row, first, count in _step_rows(scheduler_output, batch_req_ids):
             entry = self.tracked.get(req_id)
-            if entry is not None and count:
-                first = computed.get(req_id, entry.num_rows)
+            if entry is not None:
+                first = entry.num_rows if first is None else first
                 positions = np.arange(first, min(first + count, self.max_decoder_rows))
                 sources.append(np.arange(row, row + len(positions)))
                 targets.append(entry.slot * self.max_decoder_rows + positions)
                 entry.num_rows = max(entry.num_rows, first + len(positions))
-            row += count
         if not sources:
             return
         device = self.q_slots[0].device
@@ -171,6 +187,25 @@ class AlignmentCapture:
         target_rows = torch.from_numpy(np.concatenate(targets)).to(device, non_blocking=True)
         for layer, q_slots in zip(self.layers, self.q_slots):
             q_slots.index_copy_(0, target_rows, layer.captured_q.index_select(0, source_rows))
+
+    def _read_no_speech(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
+        """openai-whisper's ``probs_at_sot[no_speech]`` for requests whose sot row ran in this step."""
+        rows, done = [], []
+        for req_id, row, first, count in _step_rows(scheduler_output, batch_req_ids):
+            params = self.no_speech_pending.get(req_id)
+            if params is not None and first is not None and first <= params.row < first + count:
+                rows.append(row + params.row - first)
+                done.append(params)
+                del self.no_speech_pending[req_id]
+        if not rows:
+            return
+        index = torch.tensor(rows, device=self.hidden.device)
+        logits = self.logits_of(self.hidden.index_select(0, index)).float()
+        tokens = torch.tensor([p.token for p in done], device=logits.device)
+        probs = logits.softmax(dim=-1).gather(1, tokens[:, None])[:, 0].tolist()
+        now = time.monotonic()
+        for params, prob in zip(done, probs):
+            self.no_speech_parked[params.key] = (prob, now)
 
     # ---- results -----------------------------------------------------------------------------
 
@@ -205,6 +240,7 @@ class AlignmentCapture:
         for entry in self.tracked.values():
             self.parked[entry.params.key] = _Parked(entry.params, None, now, error)
         self.tracked.clear()
+        self.no_speech_pending.clear()
         self.free_slots = list(range(self.num_slots - 1, -1, -1))
 
     def _expire_parked(self) -> None:
@@ -215,6 +251,11 @@ class AlignmentCapture:
                 break
             logger.warning("Dropping word timings of request %s: not fetched in time", key)
             del self.parked[key]
+        while self.no_speech_parked:
+            key, (_, parked_at) = next(iter(self.no_speech_parked.items()))
+            if len(self.no_speech_parked) <= self.max_parked and now - parked_at < self.result_ttl_s:
+                break
+            del self.no_speech_parked[key]
 
     def fetch(self, requests: list[AlignmentRequest]) -> list[dict[str, Any]]:
         """Cross-attention logits of finished requests; frees everything kept for them.
@@ -233,11 +274,27 @@ class AlignmentCapture:
             results.append(_qk_result(parked, request))
         return results
 
+    def no_speech_probs(self, keys: list[str]) -> list[dict[str, Any]]:
+        """``no_speech_prob`` of requests whose prompt has run; frees what was kept for them."""
+        results = []
+        for key in keys:
+            parked = self.no_speech_parked.pop(key, None)
+            if parked is None:
+                results.append({"key": key, "error": "no no_speech_prob for this request (expired, never "
+                                "asked for, or served by another engine)"})
+            else:
+                results.append({"key": key, "no_speech_prob": parked[0]})
+        return results
+
     def discard(self, keys: list[str]) -> int:
         """Forgets aborted requests' captures; the slot of a live one is freed when it finishes."""
         dropped = 0
         for key in keys:
             dropped += self.parked.pop(key, None) is not None
+            dropped += self.no_speech_parked.pop(key, None) is not None
+        for req_id, params in list(self.no_speech_pending.items()):
+            if params.key in keys:
+                dropped += self.no_speech_pending.pop(req_id) is not None
         for req_id, entry in list(self.tracked.items()):
             if entry.params.key in keys:
                 self.tracked.pop(req_id)
@@ -254,7 +311,22 @@ class AlignmentCapture:
             "free_slots": len(self.free_slots),
             "slot_bytes": sum(t.numel() * t.element_size() for t in self.q_slots + self.k_slots),
             "parked_bytes": sum(p.qk.nbytes for p in self.parked.values() if p.qk is not None),
+            "no_speech_pending": len(self.no_speech_pending),
+            "no_speech_parked": len(self.no_speech_parked),
         }
+
+
+def _step_rows(scheduler_output: Any, batch_req_ids: list[str]) -> Iterator[tuple[str, int, int | None, int]]:
+    """Per request of the step: its first row in the flattened tokens, its first decoder position
+    (None when the scheduler did not say) and its number of tokens."""
+    computed = _num_computed_tokens(scheduler_output)
+    num_scheduled = scheduler_output.num_scheduled_tokens
+    row = 0
+    for req_id in batch_req_ids:
+        count = num_scheduled.get(req_id, 0)
+        if count:
+            yield req_id, row, computed.get(req_id), count
+        row += count
 
 
 def _num_computed_tokens(scheduler_output: Any) -> dict[str, int]:

@@ -30,7 +30,7 @@ from vllm_whisper_align.audio import (
     CHUNK_SECONDS, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE, TOKENS_PER_SECOND,
 )
 from vllm_whisper_align.heads import upper_half_heads
-from vllm_whisper_align.tokenizer import is_english_only_vocab
+from vllm_whisper_align.tokenizer import NO_SPEECH_NAMES, is_english_only_vocab
 
 __all__ = [
     "CONVERTER_VERSION",
@@ -369,7 +369,6 @@ _SPECIAL_NAMES = {
     "startofprev": "<|startofprev|>",
     "notimestamps": "<|notimestamps|>",
 }
-_NOSPEECH_NAMES = ("<|nospeech|>", "<|nocaptions|>")  # renamed in later tokenizers
 
 
 def _special_ids(tok: dict, vocab_size: int) -> dict:
@@ -381,7 +380,7 @@ def _special_ids(tok: dict, vocab_size: int) -> dict:
         if content not in by_content:
             raise ValueError(f"tokenizer.json lacks {content}")
         ids[key] = by_content[content]
-    ids["nospeech"] = next((by_content[c] for c in _NOSPEECH_NAMES if c in by_content), None)
+    ids["nospeech"] = next((by_content[c] for c in NO_SPEECH_NAMES if c in by_content), None)
     # Language tokens sit strictly between <|startoftranscript|> and <|translate|>.
     ids["languages"] = {
         c: i for c, i in sorted(by_content.items(), key=lambda x: x[1]) if ids["sot"] < i < ids["translate"]

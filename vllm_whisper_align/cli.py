@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     transcribe.add_argument("--word-timestamps", action="store_true", help="add word-level times")
     transcribe.add_argument("--prompt", default=None, help="text to condition the decoder on")
+    _add_fallback_options(transcribe)
 
     align = commands.add_parser("align", help="forced alignment of known text to audio")
     align.add_argument("audio", nargs="?", help="one audio file (≤ 30 s)")
@@ -56,6 +57,30 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("src", type=Path, nargs="+", help="CT2 model dir, or model.bin parts in order")
     convert.add_argument("dst", type=Path, help="output directory")
     return parser
+
+
+def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
+    """openai-whisper's transcribe options, with its defaults ("none" turns a threshold off)."""
+    from vllm_whisper_align import decoding
+
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="first temperature; a window that fails the thresholds is decoded again "
+                             f"{decoding.TEMPERATURE_INCREMENT} higher, up to {decoding.MAX_TEMPERATURE}")
+    for name, default, meaning in (
+        ("compression-ratio-threshold", decoding.COMPRESSION_RATIO_THRESHOLD,
+         "gzip ratio above which text is too repetitive (fall back)"),
+        ("logprob-threshold", decoding.LOGPROB_THRESHOLD, "average log-probability below which text is too "
+         "improbable (fall back)"),
+        ("no-speech-threshold", decoding.NO_SPEECH_THRESHOLD,
+         "no-speech probability above which an improbable window is dropped as silence"),
+    ):
+        parser.add_argument(
+            f"--{name}", type=_optional_float, default=default, help=f"{meaning} (default {default})"
+        )
+
+
+def _optional_float(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else float(text)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -212,9 +237,13 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 task=args.task,
                 word_timestamps=args.word_timestamps,
                 prompt=args.prompt,
+                temperature=args.temperature,
+                compression_ratio_threshold=args.compression_ratio_threshold,
+                logprob_threshold=args.logprob_threshold,
+                no_speech_threshold=args.no_speech_threshold,
                 use_tqdm=args.verbose and len(decoded) > 1,
             )
-            for (path, _), result in zip(decoded, results):
+            for (path, _), result in zip(decoded, results, strict=True):
                 _emit(path, result, args, "word" if args.word_timestamps else "segment")
     return 1 if failures else 0
 

@@ -3,12 +3,17 @@
 Engine-agnostic: the offline API (``LLM.generate``) and the HTTP server (``AsyncLLM``) both plan
 their requests with :func:`plan_transcription` / :func:`plan_alignment`, run every window as its own
 engine request, and read what comes back with :func:`window_output`. Prompts, sampling options,
-output caps and suppressed tokens are decided here and nowhere else.
+output caps and suppressed tokens are decided here and nowhere else, and so is openai-whisper's
+per-window quality policy: the temperature fallback (:func:`fall_back`) and the rule that drops a
+window as silence (:func:`is_silent`). The runners only loop: submit every window, then re-submit
+the windows :func:`fall_back` replaced, until none is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import zlib
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,7 +22,9 @@ from vllm import SamplingParams
 from vllm_whisper_align.audio import (
     CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, chunk_audio, num_mel_frames,
 )
-from vllm_whisper_align.params import MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest
+from vllm_whisper_align.params import (
+    MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams, new_alignment_key,
+)
 from vllm_whisper_align.tokenizer import WhisperTokens
 
 # Output tokens allowed per second of audio (plus a constant). Fast English is ~5-6 tokens/s, CJK ~8;
@@ -33,8 +40,57 @@ MIN_ALIGNMENT_SECONDS = MIN_ALIGNMENT_FRAMES * N_SAMPLES_PER_TOKEN / SAMPLE_RATE
 MAX_ALIGNMENT_SECONDS = CHUNK_SECONDS
 
 
+# openai-whisper's transcribe defaults: the temperature schedule (its CLI's increment on fallback, up
+# to 1.0) and the thresholds that make a window fall back, or count as silence.
+TEMPERATURE_INCREMENT = 0.2
+MAX_TEMPERATURE = 1.0
+COMPRESSION_RATIO_THRESHOLD = 2.4
+LOGPROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
+
+
 class AlignmentInputError(ValueError):
     """Text or token ids that cannot be aligned (too long, out of vocabulary, empty audio)."""
+
+
+def temperature_schedule(start: float = 0.0) -> tuple[float, ...]:
+    """The temperatures a window is tried at, as openai-whisper's CLI builds them from
+    ``--temperature``: ``start`` and steps of 0.2 up to 1.0 (only ``start`` above 1.0)."""
+    if not start <= MAX_TEMPERATURE:  # above 1.0, or not a number (FallbackOptions.validate says so)
+        return (start,)
+    count = int((MAX_TEMPERATURE - start) / TEMPERATURE_INCREMENT + 1e-6) + 1
+    return tuple(round(start + i * TEMPERATURE_INCREMENT, 6) for i in range(count))
+
+
+@dataclass(frozen=True)
+class FallbackOptions:
+    """openai-whisper's ``transcribe`` options for retrying and dropping windows (None turns a
+    threshold off, as there)."""
+
+    temperatures: tuple[float, ...] = temperature_schedule()
+    compression_ratio_threshold: float | None = COMPRESSION_RATIO_THRESHOLD
+    logprob_threshold: float | None = LOGPROB_THRESHOLD
+    no_speech_threshold: float | None = NO_SPEECH_THRESHOLD
+
+    @classmethod
+    def starting_at(cls, temperature: float = 0.0, **thresholds: float | None) -> FallbackOptions:
+        return cls(temperature_schedule(temperature), **thresholds)
+
+    def validate(self) -> None:
+        """A ValueError naming the first option that makes no sense."""
+        if not self.temperatures or any(not 0 <= t < math.inf for t in self.temperatures):
+            raise ValueError(f"temperature must be a finite number >= 0; got {self.temperatures[:1]}")
+        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number; got {value}")
+        if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
+            raise ValueError(f"no_speech_threshold is a probability (0..1); got {self.no_speech_threshold}")
+        ratio = self.compression_ratio_threshold
+        if ratio is not None and ratio <= 0:
+            raise ValueError(f"compression_ratio_threshold must be > 0; got {ratio}")
+        if self.logprob_threshold is not None and self.logprob_threshold > 0:
+            raise ValueError(f"logprob_threshold is a log-probability (<= 0); got {self.logprob_threshold}")
 
 
 def suppressed_tokens(model_config) -> list[int]:
@@ -55,6 +111,20 @@ class WindowRequest:
     forced_tokens: list[int] | None = None
     # Text tokens kept of the output (the engine may be asked for one more: see text_token_cap).
     max_text_tokens: int | None = None
+    no_speech: NoSpeechParams | None = None
+    # What the sampling parameters are built from again at another temperature.
+    sampling_options: dict[str, Any] = field(default_factory=dict)
+    suppress_tokens: tuple[int, ...] = ()
+    # Which temperature of the plan's schedule this attempt runs at.
+    attempt: int = 0
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling_params.temperature
+
+    def capture_keys(self) -> list[str]:
+        """The keys under which the workers keep something for this attempt."""
+        return [p.key for p in (self.alignment, self.no_speech) if p is not None]
 
     @property
     def duration(self) -> float:
@@ -69,10 +139,15 @@ class WindowRequest:
 
 @dataclass
 class WindowOutput:
-    """What the engine returned for a WindowRequest: its text tokens and their log-probabilities."""
+    """What the engine returned for a WindowRequest: its text tokens and their log-probabilities,
+    and openai-whisper's per-window figures (its ``DecodingResult``)."""
 
     token_ids: list[int]
     token_logprobs: list[float]
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    temperature: float = 0.0
 
 
 @dataclass
@@ -84,6 +159,7 @@ class Plan:
     language: str
     task: str = "transcribe"
     word_timestamps: bool = True
+    fallback: FallbackOptions = field(default_factory=FallbackOptions)
 
 
 # ---------------------------------------------------------------------------- language detection
@@ -138,17 +214,20 @@ def text_token_cap(options: dict[str, Any] | None, num_samples: int, num_prompt_
 
 def transcription_sampling(
     options: dict[str, Any] | None, suppress_tokens: Sequence[int], max_text_tokens: int,
-    num_prompt_tokens: int, alignment: AlignmentParams | None,
+    num_prompt_tokens: int, alignment: AlignmentParams | None, no_speech: NoSpeechParams | None = None,
+    temperature: float = 0.0,
 ) -> SamplingParams:
-    """Greedy unless the caller says otherwise; ``suppress_tokens`` (generation_config's: non-speech
-    symbols such as "[" and "♪") can never be sampled, as in openai-whisper's decoding: without it
-    tiny models answer music-like noise with "[Music]".
+    """``temperature`` (0: greedy) and the caller's other options; ``suppress_tokens``
+    (generation_config's: non-speech symbols such as "[" and "♪") can never be sampled, as in
+    openai-whisper's decoding: without it tiny models answer music-like noise with "[Music]".
 
     With word timings the engine may run one token past ``max_text_tokens`` (dropped again by
     :func:`window_output`): a token's decoder row only exists once it is fed back, and a request
     stopped by its token limit never feeds its last token, which would be left without an end.
     """
-    options = {"temperature": 0.0, **(options or {})}
+    options = dict(options or {})
+    if "temperature" in options:
+        raise ValueError("the temperature comes from the plan's FallbackOptions, not the sampling options")
     if suppress_tokens:
         options["logit_bias"] = {**{t: -100.0 for t in suppress_tokens}, **(options.get("logit_bias") or {})}
     extra = 1 if alignment is not None else 0
@@ -156,7 +235,15 @@ def transcription_sampling(
     extra_args = options.pop("extra_args", None)
     if alignment is not None:
         extra_args = alignment.to_extra_args(extra_args)
-    return SamplingParams(logprobs=0, extra_args=extra_args, **options)
+    if no_speech is not None:
+        extra_args = no_speech.to_extra_args(extra_args)
+    return SamplingParams(logprobs=0, extra_args=extra_args, temperature=temperature, **options)
+
+
+def no_speech_row(previous: Sequence[int]) -> int:
+    """Decoder row of ``<|startoftranscript|>``, after the ``<|startofprev|>`` prompt: the row
+    whose prediction gives openai-whisper's no_speech_prob (its ``probs_at_sot``)."""
+    return len(previous)
 
 
 def can_align(num_samples: int) -> bool:
@@ -174,8 +261,12 @@ def plan_transcription(
     prompt: str | None = None,
     sampling: dict[str, Any] | None = None,
     suppress_tokens: Sequence[int] = (),
+    fallback: FallbackOptions | None = None,
 ) -> Plan:
-    """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (temperature, top_p…)."""
+    """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (top_p, seed…); the
+    temperature is ``fallback``'s first (default: openai-whisper's transcribe options)."""
+    fallback = fallback or FallbackOptions()
+    fallback.validate()
     previous = previous_text_tokens(prompt, tokens)
     start = tokens.transcription_prompt(language, task)
     decoder_prompt = [*previous, *start]
@@ -187,13 +278,83 @@ def plan_transcription(
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
         if word_timestamps and can_align(len(chunk.samples)):
             alignment = AlignmentParams.for_prompt(num_mel_frames(len(chunk.samples)), len(previous), len(start))
+        no_speech = None
+        if tokens.no_speech is not None:
+            no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
         cap = text_token_cap(sampling, len(chunk.samples), len(decoder_prompt))
-        sampling_params = transcription_sampling(sampling, suppress_tokens, cap, len(decoder_prompt), alignment)
-        windows.append(WindowRequest(
-            chunk.samples, chunk.offset, decoder_prompt, sampling_params, alignment, max_text_tokens=cap
-        ))
+        window = WindowRequest(
+            chunk.samples, chunk.offset, decoder_prompt, None, alignment, max_text_tokens=cap,
+            no_speech=no_speech, sampling_options=dict(sampling or {}),
+            suppress_tokens=tuple(suppress_tokens),
+        )
+        windows.append(_at_temperature(window, 0, fallback.temperatures[0]))
     language = "en" if tokens.is_english_only else language
-    return Plan(windows, len(samples) / SAMPLE_RATE, language or "en", task, word_timestamps)
+    return Plan(windows, len(samples) / SAMPLE_RATE, language or "en", task, word_timestamps, fallback)
+
+
+def _at_temperature(window: WindowRequest, attempt: int, temperature: float) -> WindowRequest:
+    """``window`` as attempt ``attempt``, with fresh capture keys: the workers keep each attempt's
+    capture apart, so a superseded one can be discarded while its successor runs."""
+    alignment = window.alignment and replace(window.alignment, key=new_alignment_key())
+    no_speech = window.no_speech and replace(window.no_speech, key=new_alignment_key())
+    sampling_params = transcription_sampling(
+        window.sampling_options, window.suppress_tokens, window.max_text_tokens,
+        len(window.prompt_token_ids), alignment, no_speech, temperature,
+    )
+    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech,
+                   attempt=attempt)
+
+
+# ---------------------------------------------------------------------------- quality policy
+
+
+def compression_ratio(text: str) -> float:
+    """openai-whisper's gzip compression ratio of a text (repetitive text compresses well)."""
+    text_bytes = text.encode("utf-8")
+    return len(text_bytes) / max(1, len(zlib.compress(text_bytes)))
+
+
+def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
+    """openai-whisper's ``decode_with_fallback`` test: too repetitive or too improbable, unless the
+    window is silence (then another temperature would only invent text)."""
+    too_repetitive = (options.compression_ratio_threshold is not None
+                      and output.compression_ratio > options.compression_ratio_threshold)
+    too_improbable = options.logprob_threshold is not None and output.avg_logprob < options.logprob_threshold
+    silence = (options.no_speech_threshold is not None and output.no_speech_prob > options.no_speech_threshold
+               and too_improbable)
+    return (too_repetitive or too_improbable) and not silence
+
+
+def is_silent(output: WindowOutput, options: FallbackOptions) -> bool:
+    """openai-whisper's rule for skipping a window: the no-speech token is likely, and the text is
+    not confident enough to overrule it."""
+    if options.no_speech_threshold is None or output.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return not (options.logprob_threshold is not None and output.avg_logprob > options.logprob_threshold)
+
+
+def fall_back(plan: Plan, outputs: Sequence[WindowOutput]) -> tuple[list[int], list[str]]:
+    """Replaces, in ``plan``, every window that needs another temperature (and has one left) by its
+    next attempt. Returns their indices, to re-submit, and the capture keys of the attempts they
+    supersede, to discard."""
+    retried, superseded = [], []
+    for index, (window, output) in enumerate(zip(plan.windows, outputs, strict=True)):
+        following = window.attempt + 1
+        if window.forced_tokens is not None or following >= len(plan.fallback.temperatures):
+            continue
+        if needs_fallback(output, plan.fallback):
+            plan.windows[index] = _at_temperature(window, following, plan.fallback.temperatures[following])
+            retried.append(index)
+            superseded += window.capture_keys()
+    return retried, superseded
+
+
+def dropped_keys(plan: Plan, outputs: Sequence[WindowOutput]) -> list[str]:
+    """Alignment keys of the windows dropped as silence: nothing of them is fetched."""
+    return [
+        window.alignment.key for window, output in zip(plan.windows, outputs, strict=True)
+        if window.alignment is not None and is_silent(output, plan.fallback)
+    ]
 
 
 def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens) -> list[int]:
@@ -245,8 +406,12 @@ def plan_alignment(
 # ---------------------------------------------------------------------------- engine outputs
 
 
-def window_output(window: WindowRequest, output: Any, tokens: WhisperTokens) -> WindowOutput:
-    """Text tokens and their log-probabilities from a vLLM RequestOutput."""
+def window_output(
+    window: WindowRequest, output: Any, tokens: WhisperTokens, no_speech_prob: float = 0.0
+) -> WindowOutput:
+    """Text tokens and their log-probabilities from a vLLM RequestOutput, and the window's figures
+    as openai-whisper computes them (``no_speech_prob`` comes from the workers: see
+    :class:`NoSpeechParams`)."""
     if window.forced_tokens is not None:
         logprobs = output.prompt_logprobs or []
         first = window.alignment.first_text_position()
@@ -260,7 +425,17 @@ def window_output(window: WindowRequest, output: Any, tokens: WhisperTokens) -> 
     sampled = completion.logprobs or [None] * len(ids)
     pairs = [(t, _logprob_of(lp, t)) for t, lp in zip(ids, sampled, strict=False) if tokens.is_text_token(t)]
     pairs = pairs[: window.max_text_tokens]
-    return WindowOutput([t for t, _ in pairs], [lp for _, lp in pairs])
+    token_ids, logprobs = [t for t, _ in pairs], [lp for _, lp in pairs]
+    # The reference sums the sampled tokens' log-probabilities up to and including eot, over len + 1.
+    eot_logprobs = (_logprob_of(lp, t) for t, lp in zip(ids, sampled, strict=False) if t == tokens.eot)
+    eot_logprob = next(eot_logprobs, 0.0)
+    return WindowOutput(
+        token_ids, logprobs,
+        avg_logprob=(sum(logprobs) + eot_logprob) / (len(token_ids) + 1),
+        compression_ratio=compression_ratio(tokens.decode(token_ids).strip()),
+        no_speech_prob=no_speech_prob,
+        temperature=window.temperature,
+    )
 
 
 def _logprob_of(entry: Any, token: int) -> float:
@@ -271,9 +446,19 @@ def _logprob_of(entry: Any, token: int) -> float:
 
 
 def alignment_requests(plan: Plan, outputs: Sequence[WindowOutput]) -> list[AlignmentRequest]:
-    """What to fetch from the workers for the windows that asked for word timings."""
+    """What to fetch from the workers for the windows that asked for word timings and are kept."""
     return [
         AlignmentRequest(window.alignment.key, len(output.token_ids))
         for window, output in zip(plan.windows, outputs, strict=True)
-        if window.alignment is not None
+        if window.alignment is not None and not is_silent(output, plan.fallback)
     ]
+
+
+def no_speech_keys(windows: Sequence[WindowRequest]) -> list[str]:
+    return [w.no_speech.key for w in windows if w.no_speech is not None]
+
+
+def no_speech_probs(windows: Sequence[WindowRequest], answers: Sequence[dict[str, Any]]) -> list[float]:
+    """Each window's no_speech_prob from the workers' answers (0.0 where none came: never silent)."""
+    by_key = {a["key"]: a["no_speech_prob"] for a in answers if "no_speech_prob" in a}
+    return [by_key.get(w.no_speech.key, 0.0) if w.no_speech is not None else 0.0 for w in windows]

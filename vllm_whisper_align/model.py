@@ -111,6 +111,13 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             return
         self._install_capture(vllm_config)
 
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        hidden_states = super().forward(input_ids, positions, *args, **kwargs)
+        if self.alignment_capture is not None:
+            # Every row, whoever asked: the no-speech row of a request is only known after the step.
+            self.alignment_capture.hidden[: hidden_states.shape[0]].copy_(hidden_states)
+        return hidden_states
+
     def load_weights(self, weights):
         loaded = super().load_weights(weights)
         if self.align_config.encoder_int8:
@@ -139,6 +146,8 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             max_requests=scheduler_config.max_num_seqs,
             result_ttl_s=self.align_config.result_ttl_s,
             max_parked=self.align_config.max_parked,
+            hidden=self.proj_out.weight.new_zeros((max_tokens, config.d_model)),
+            logits_of=self.compute_logits,
         )
         logger.info(
             "Word timestamps: capturing %d alignment heads (%s) in %d decoder layers",

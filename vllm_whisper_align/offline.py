@@ -20,7 +20,7 @@ from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentRequest, WhisperAlignConfig
-from vllm_whisper_align.plugin import RPC_DISCARD, RPC_FETCH, RPC_STATS
+from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
 logger = get_logger(__name__)
@@ -86,15 +86,28 @@ class WhisperAligner:
         task: str = "transcribe",
         word_timestamps: bool = True,
         prompt: str | None = None,
+        temperature: float = 0.0,
+        compression_ratio_threshold: float | None = decoding.COMPRESSION_RATIO_THRESHOLD,
+        logprob_threshold: float | None = decoding.LOGPROB_THRESHOLD,
+        no_speech_threshold: float | None = decoding.NO_SPEECH_THRESHOLD,
         use_tqdm: bool = False,
     ) -> list[dict[str, Any]]:
-        """verbose_json-shaped results, one per input (``words`` and ``tokens`` when asked)."""
+        """verbose_json-shaped results, one per input (``words`` and ``tokens`` when asked).
+
+        ``temperature`` starts openai-whisper's fallback schedule (then +0.2 up to 1.0); the
+        thresholds are its ``transcribe`` arguments, with its defaults (None turns one off).
+        """
+        fallback = decoding.FallbackOptions.starting_at(
+            temperature, compression_ratio_threshold=compression_ratio_threshold,
+            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold,
+        )
+        fallback.validate()
         samples = [_samples(audio) for audio in audios]
         languages = self.detect_languages(samples) if language is None else [language] * len(samples)
         plans = [
             decoding.plan_transcription(
                 s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt,
-                suppress_tokens=self.suppress_tokens,
+                suppress_tokens=self.suppress_tokens, fallback=fallback,
             )
             for s, lang in zip(samples, languages, strict=True)
         ]
@@ -141,7 +154,17 @@ class WhisperAligner:
         return self.llm.collective_rpc(RPC_FETCH, args=(payload,))[0]
 
     def discard(self, keys: Sequence[str]) -> int:
-        return self.llm.collective_rpc(RPC_DISCARD, args=(list(keys),))[0]
+        return self.llm.collective_rpc(RPC_DISCARD, args=(list(keys),))[0] if keys else 0
+
+    def no_speech_probs(self, windows: Sequence[decoding.WindowRequest]) -> list[float]:
+        keys = decoding.no_speech_keys(windows)
+        try:
+            answers = self.llm.collective_rpc(RPC_NO_SPEECH, args=(keys,))[0] if keys else []
+        except Exception as error:
+            if NO_CAPTURE_MESSAGE not in str(error):
+                raise
+            answers = []  # no capture on this engine (TP > 1): no window counts as silence
+        return decoding.no_speech_probs(windows, answers)
 
     def capture_stats(self) -> dict[str, int]:
         return self.llm.collective_rpc(RPC_STATS)[0]
@@ -149,19 +172,36 @@ class WhisperAligner:
     # ---- internals ---------------------------------------------------------------------------
 
     def _run(self, plans: list[decoding.Plan], use_tqdm: bool) -> list[dict[str, Any]]:
-        windows = [window for plan in plans for window in plan.windows]
-        request_outputs = self.llm.generate(
-            [w.engine_prompt() for w in windows], [w.sampling_params for w in windows], use_tqdm=use_tqdm
-        ) if windows else []
-        outputs = iter([
-            decoding.window_output(w, o, self.tokens) for w, o in zip(windows, request_outputs, strict=True)
-        ])
-        per_plan = [[next(outputs) for _ in plan.windows] for plan in plans]
+        per_plan: list[list[decoding.WindowOutput | None]] = [[None] * len(plan.windows) for plan in plans]
+        # (plan, window) pairs to run: first all of them, then those that fall back, all in one call.
+        pending = [(p, w) for p, plan in enumerate(plans) for w in range(len(plan.windows))]
+        while pending:
+            self._generate(plans, per_plan, pending, use_tqdm)
+            retried, superseded = [], []
+            for p, plan in enumerate(plans):
+                indices, keys = decoding.fall_back(plan, per_plan[p])
+                retried += [(p, w) for w in indices]
+                superseded += keys
+            self.discard(superseded)
+            pending = retried
+        # Windows dropped as silence are never aligned: their captures go.
+        self.discard([k for plan, outs in zip(plans, per_plan, strict=True)
+                      for k in decoding.dropped_keys(plan, outs)])
         requests = [
             r for plan, outs in zip(plans, per_plan, strict=True) for r in decoding.alignment_requests(plan, outs)
         ]
         fetched = self.fetch(requests)
         return [results.finish(plan, outs, fetched, self.tokens) for plan, outs in zip(plans, per_plan, strict=True)]
+
+    def _generate(self, plans, per_plan, pending: list[tuple[int, int]], use_tqdm: bool) -> None:
+        """Runs the windows ``pending`` names and stores their outputs in ``per_plan``."""
+        windows = [plans[p].windows[w] for p, w in pending]
+        request_outputs = self.llm.generate(
+            [w.engine_prompt() for w in windows], [w.sampling_params for w in windows], use_tqdm=use_tqdm
+        )
+        probs = self.no_speech_probs(windows)
+        for (p, w), window, output, prob in zip(pending, windows, request_outputs, probs, strict=True):
+            per_plan[p][w] = decoding.window_output(window, output, self.tokens, prob)
 
 
 def _samples(audio: AudioSource | np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ from vllm_whisper_align.audio import N_FRAMES
 from vllm_whisper_align.timing import MEDFILT_WIDTH
 
 EXTRA_ARGS_KEY = "whisper_align"
+NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
 
 # Decoder context of every Whisper model; the forced-alignment prompt must fit in it.
 MAX_DECODER_TOKENS = 448
@@ -96,6 +97,31 @@ class AlignmentParams:
         if not extra_args or EXTRA_ARGS_KEY not in extra_args:
             return None
         return cls(**extra_args[EXTRA_ARGS_KEY])
+
+
+@dataclass
+class NoSpeechParams:
+    """Asks the engine for openai-whisper's ``no_speech_prob`` of one request: the probability of
+    the no-speech token as the prediction of decoder row ``row`` (``<|startoftranscript|>``).
+
+    vLLM's ``prompt_logprob_token_ids`` would give it, but only on its V2 model runner, which the
+    CPU backend does not use; so the worker reads it from the decoder's output (see capture.py).
+    """
+
+    row: int
+    token: int
+    key: str = field(default_factory=new_alignment_key)
+
+    def to_extra_args(self, extra_args: dict[str, Any] | None = None) -> dict[str, Any]:
+        if not 0 <= self.row < MAX_DECODER_TOKENS - 1:
+            raise ValueError(f"no-speech row must be in 0..{MAX_DECODER_TOKENS - 2}, got {self.row}")
+        return {**(extra_args or {}), NO_SPEECH_EXTRA_ARGS_KEY: asdict(self)}
+
+    @classmethod
+    def from_extra_args(cls, extra_args: dict[str, Any] | None) -> NoSpeechParams | None:
+        if not extra_args or NO_SPEECH_EXTRA_ARGS_KEY not in extra_args:
+            return None
+        return cls(**extra_args[NO_SPEECH_EXTRA_ARGS_KEY])
 
 
 @dataclass

@@ -22,6 +22,7 @@ MODEL_CLASS = "vllm_whisper_align.model:WhisperAlignForConditionalGeneration"
 RPC_FETCH = "whisper_align_fetch"
 RPC_DISCARD = "whisper_align_discard"
 RPC_STATS = "whisper_align_stats"
+RPC_NO_SPEECH = "whisper_align_no_speech"
 NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 
@@ -32,7 +33,7 @@ def register() -> None:
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(
-        _after_step, {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats}
+        _after_step, {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech}
     )
 
 
@@ -63,6 +64,10 @@ def _fetch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from vllm_whisper_align.params import AlignmentRequest
 
     return _require_capture(self).fetch([AlignmentRequest(**r) for r in requests])
+
+
+def _no_speech(self, keys: list[str]) -> list[dict[str, Any]]:
+    return _require_capture(self).no_speech_probs(list(keys))
 
 
 def _discard(self, keys: list[str]) -> int:

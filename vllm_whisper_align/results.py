@@ -9,7 +9,6 @@ words are cut into segments (:func:`window_segments`). :func:`finish` runs them 
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from vllm_whisper_align import timing, word_timing
 from vllm_whisper_align.audio import speech_frames
-from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest
+from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest, compression_ratio, is_silent
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
 
@@ -121,9 +120,9 @@ def window_words(
 
 
 def make_segment(
-    window: WindowRequest, token_ids: list[int], logprobs: list[float], text: str, start: float, end: float
+    window: WindowRequest, output: WindowOutput, token_ids: list[int], logprobs: list[float], text: str,
+    start: float, end: float,
 ) -> Segment:
-    text_bytes = text.encode("utf-8")
     return Segment(
         id=0,
         seek=int(round(window.offset * 100)),
@@ -131,28 +130,42 @@ def make_segment(
         end=end,
         text=text,
         tokens=list(token_ids),
-        temperature=window.sampling_params.temperature,
+        temperature=output.temperature,
         avg_logprob=float(np.mean(logprobs)) if logprobs else 0.0,
-        compression_ratio=len(text_bytes) / max(1, len(zlib.compress(text_bytes))),
-        no_speech_prob=0.0,
+        compression_ratio=compression_ratio(text),
+        no_speech_prob=output.no_speech_prob,
     )
 
 
-def window_segments(window: WindowRequest, output: WindowOutput, words: list[Word], text: str) -> list[Segment]:
-    """One window's text cut into segments at sentence ends and pauses (one segment without words)."""
+def window_segments(
+    window: WindowRequest, output: WindowOutput, words: list[Word], text: str
+) -> tuple[list[Segment], list[slice]]:
+    """One window's text cut into segments at sentence ends and pauses (one segment without words),
+    and the slice of the window's text tokens each segment holds.
+
+    As openai-whisper's transcribe, a segment whose words take no time at all is dropped: DTW
+    squeezes text that is not in the audio (typically invented at a window's end) into one instant.
+    """
     if not words:
         end = window.offset + window.duration
-        return [make_segment(window, output.token_ids, output.token_logprobs, text, window.offset, end)]
-    segments, position = [], 0
+        segment = make_segment(
+            window, output, output.token_ids, output.token_logprobs, text, window.offset, end
+        )
+        return [segment], [slice(0, len(output.token_ids))]
+    segments, pieces, position = [], [], 0
     for group in _word_groups(words):
         count = sum(len(w.tokens) for w in group)
         piece = slice(position, position + count)
         position += count
+        if group[0].start == group[-1].end:  # the reference's "instantaneous" segment
+            continue
         segments.append(make_segment(
-            window, output.token_ids[piece], output.token_logprobs[piece], "".join(w.word for w in group),
-            group[0].start, group[-1].end,
+            window, output, output.token_ids[piece], output.token_logprobs[piece],
+            "".join(w.word for w in group), group[0].start, group[-1].end,
         ))
-    return segments
+        segments[-1].words = group
+        pieces.append(piece)
+    return segments, pieces
 
 
 def _word_groups(words: list[Word]) -> list[list[Word]]:
@@ -202,6 +215,9 @@ def window_results(
             # A path through a degenerate matrix can step off its edge; times stay inside the window.
             jumps = np.clip(jumps, 0.0, window.duration)
         text = tokens.decode(output.token_ids)
+        if is_silent(output, plan.fallback):  # the reference skips the window: no text, no words
+            results.append(None)
+            continue
         if not text.strip():
             results.append(WindowResult([], [], [], error) if error else None)
             continue
@@ -210,7 +226,11 @@ def window_results(
             words, token_timings, last_speech = window_words(
                 window, output, jumps, tokens, plan.language, last_speech
             )
-        results.append(WindowResult(window_segments(window, output, words, text), words, token_timings, error))
+        segments, pieces = window_segments(window, output, words, text)
+        if words:  # only what the kept segments hold
+            words = [w for segment in segments for w in segment.words]
+            token_timings = [t for piece in pieces for t in token_timings[piece]]
+        results.append(WindowResult(segments, words, token_timings, error))
     return results
 
 

@@ -15,6 +15,8 @@ from typing import Any, Callable
 ENGLISH_ONLY_VOCAB_SIZE = 51864
 # The start of an English-only model's decoder prompt: no language, no task.
 ENGLISH_ONLY_START = ("<|startoftranscript|>", "<|notimestamps|>")
+# Whisper's no-speech token, renamed in later tokenizers.
+NO_SPEECH_NAMES = ("<|nospeech|>", "<|nocaptions|>")
 
 
 def is_english_only_vocab(vocab_size: int) -> bool:
@@ -31,6 +33,8 @@ class WhisperTokens:
     no_timestamps: int
     start_of_prev: int
     timestamp_begin: int | None
+    # The token whose probability after <|startoftranscript|> is openai-whisper's no_speech_prob.
+    no_speech: int | None = None
     language_ids: dict[str, int] = field(default_factory=dict)
     vocab_size: int = 0
     english_only_start: tuple[int, ...] = ()
@@ -70,6 +74,7 @@ class WhisperTokens:
             no_timestamps=vocab["<|notimestamps|>"],
             start_of_prev=vocab["<|startofprev|>"],
             timestamp_begin=token_id("<|0.00|>"),
+            no_speech=next((i for i in map(token_id, NO_SPEECH_NAMES) if i is not None), None),
             language_ids=languages,
             vocab_size=vocab_size,
             english_only_start=tuple(vocab[token] for token in ENGLISH_ONLY_START),

@@ -19,6 +19,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.utils import random_uuid
 
+from vllm_whisper_align import decoding
 from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
@@ -43,6 +44,10 @@ SAMPLING_FIELDS = {
     "max_completion_tokens": int,
 }
 
+# openai-whisper's transcribe arguments for the temperature fallback and the silence rule (OpenAI's
+# API has none); "none" turns one off, as None does there.
+FALLBACK_FIELDS = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
+
 def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
     """OpenAPI request body for a multipart form with a required audio ``file``."""
     schema = {"type": "object", "required": ["file"], "properties": {"file": {"type": "string", "format": "binary"}, **properties}}
@@ -62,6 +67,7 @@ FORM_SCHEMA = _multipart_schema({
     "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
     "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}},
     "temperature": {"type": "number"},
+    **{name: {"type": "number"} for name in FALLBACK_FIELDS},
     "stream": {"type": "boolean"},
     **SUBTITLE_SCHEMA,
 })
@@ -168,6 +174,29 @@ def _sampling(form: Any) -> dict[str, Any]:
     return sampling
 
 
+def _fallback(form: Any, temperature: float) -> decoding.FallbackOptions:
+    """The fallback schedule from ``temperature`` and the thresholds given (the reference's defaults)."""
+    thresholds: dict[str, float | None] = {}
+    for name in FALLBACK_FIELDS:
+        raw = _text(form, name)
+        if raw in (None, ""):
+            continue
+        if raw.strip().lower() == "none":
+            thresholds[name] = None
+            continue
+        try:
+            thresholds[name] = float(raw)
+        except ValueError:
+            raise RequestError(f"`{name}` must be a number (or none); got {echo(raw)}", name) from None
+    options = decoding.FallbackOptions.starting_at(temperature, **thresholds)
+    try:
+        options.validate()
+    except ValueError as error:
+        param = next((name for name in FALLBACK_FIELDS if str(error).startswith(name)), "temperature")
+        raise RequestError(str(error), param) from None
+    return options
+
+
 def _flag(form: Any, name: str) -> bool:
     return str(_text(form, name) or "false").lower() in ("1", "true", "yes")
 
@@ -247,6 +276,8 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
                 "`stream`, or stream without `timestamp_granularities[]`", "stream",
             )
         return await _stream_with_vllm(raw_request, service, form, task)
+    sampling = _sampling(form)
+    fallback = _fallback(form, sampling.pop("temperature", 0.0))
     samples = await _audio(form, service)
     result = await service.transcribe(
         samples,
@@ -256,7 +287,8 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
         # Segments without timestamp tokens come from word times, so every timed format aligns.
         word_timestamps=response_format in ("verbose_json", "srt", "vtt"),
         prompt=_text(form, "prompt") or None,
-        sampling=_sampling(form),
+        sampling=sampling,
+        fallback=fallback,
     )
     return _render(result, response_format, granularities, subtitle_options)
 
@@ -267,6 +299,14 @@ async def create_transcription(raw_request: Request):
 
     Extension: ``verbose_json`` with word granularity also returns ``tokens`` (each token's id,
     text, start, end and probability).
+
+    Windows are decoded as openai-whisper's ``transcribe`` decodes them: ``temperature`` (default
+    0) starts the fallback schedule (then +0.2 up to 1.0), a window is decoded again at the next
+    temperature when its ``compression_ratio`` is over ``compression_ratio_threshold`` (2.4) or its
+    ``avg_logprob`` under ``logprob_threshold`` (-1.0), and dropped as silence when its
+    ``no_speech_prob`` is over ``no_speech_threshold`` (0.6) and its ``avg_logprob`` under
+    ``logprob_threshold``. These three form fields are extensions named as openai-whisper's
+    arguments; ``none`` turns one off.
     """
     return await _answer(raw_request, _speech_to_text, task="transcribe")
 

@@ -20,7 +20,7 @@ from vllm_whisper_align import decoding, results
 from vllm_whisper_align.audio import SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentRequest
-from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_STATS
+from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
 
@@ -132,6 +132,7 @@ class AlignmentService:
         word_timestamps: bool,
         prompt: str | None,
         sampling: dict[str, Any],
+        fallback: decoding.FallbackOptions | None = None,
     ) -> dict[str, Any]:
         self.check_duration(samples)
         language = self.checked_language(language, task)
@@ -141,7 +142,7 @@ class AlignmentService:
             plan = decoding.plan_transcription(
                 samples, self.tokens, language=language, task=task,
                 word_timestamps=word_timestamps, prompt=prompt, sampling=sampling,
-                suppress_tokens=self.suppress_tokens,
+                suppress_tokens=self.suppress_tokens, fallback=fallback,
             )
         except ValueError as error:
             raise RequestError(str(error), "language") from None
@@ -168,23 +169,40 @@ class AlignmentService:
         return self.language_detection.language(final.outputs[0].token_ids)
 
     async def _run(self, plan: decoding.Plan, request_id: str) -> dict[str, Any]:
-        ids = [f"{request_id}-{i}" for i in range(len(plan.windows))]
-        keys = [w.alignment.key for w in plan.windows if w.alignment is not None]
+        outputs: list[decoding.WindowOutput | None] = [None] * len(plan.windows)
+        pending, ids = list(range(len(plan.windows))), []
         try:
-            outputs = await asyncio.gather(*[self._generate(w, i) for w, i in zip(plan.windows, ids, strict=True)])
+            # All windows, then those that fall back to the next temperature, together.
+            while pending:
+                ids = [f"{request_id}-{i}-{plan.windows[i].attempt}" for i in pending]
+                await self._generate_windows(plan, outputs, pending, ids)
+                pending, superseded = decoding.fall_back(plan, outputs)
+                await self.discard(superseded)
+            await self.discard(decoding.dropped_keys(plan, outputs))
             fetched = await self.fetch(decoding.alignment_requests(plan, outputs))
         except asyncio.CancelledError:
             # The client went away: stop its engine requests and drop what was captured for them.
+            keys = [key for window in plan.windows for key in window.capture_keys()]
             await asyncio.gather(self.engine_client.abort(ids), self.discard(keys), return_exceptions=True)
             raise
         # Normalisation and DTW (numba, GIL released) off the event loop.
         return await asyncio.to_thread(results.finish, plan, outputs, fetched, self.tokens)
 
-    async def _generate(self, window: decoding.WindowRequest, request_id: str) -> decoding.WindowOutput:
+    async def _generate_windows(
+        self, plan: decoding.Plan, outputs: list, pending: list[int], ids: list[str]
+    ) -> None:
+        """Runs the windows ``pending`` names and stores their outputs in ``outputs``."""
+        windows = [plan.windows[i] for i in pending]
+        finals = await asyncio.gather(*[self._generate(w, i) for w, i in zip(windows, ids, strict=True)])
+        probs = decoding.no_speech_probs(windows, await self.no_speech(decoding.no_speech_keys(windows)))
+        for index, window, final, prob in zip(pending, windows, finals, probs, strict=True):
+            outputs[index] = decoding.window_output(window, final, self.tokens, prob)
+
+    async def _generate(self, window: decoding.WindowRequest, request_id: str) -> Any:
         final = None
         async for final in self.engine_client.generate(window.engine_prompt(), window.sampling_params, request_id):
             pass
-        return decoding.window_output(window, final, self.tokens)
+        return final
 
     # ---- worker RPCs -------------------------------------------------------------------------
 
@@ -207,6 +225,16 @@ class AlignmentService:
             for name, value in engine_stats.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
+
+    async def no_speech(self, keys: list[str]) -> list[dict[str, Any]]:
+        """no_speech_prob answers for ``keys`` (none on an engine without capture: TP > 1)."""
+        if not keys:
+            return []
+        try:
+            per_engine = await self._rpc_all_engines(RPC_NO_SPEECH, keys)
+        except RequestError:
+            return []
+        return [answer for answers in per_engine for answer in answers if "error" not in answer]
 
     async def discard(self, keys: list[str]) -> None:
         if keys:

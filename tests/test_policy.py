@@ -1,0 +1,81 @@
+"""openai-whisper's per-window policy (decoding.py) against its transcribe, without an engine."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from whisper.transcribe import transcribe as reference_transcribe
+from transformers import AutoTokenizer
+
+from vllm_whisper_align import decoding
+from vllm_whisper_align.decoding import FallbackOptions, WindowOutput, fall_back, is_silent, needs_fallback
+from vllm_whisper_align.tokenizer import WhisperTokens
+
+
+@pytest.fixture(scope="module")
+def tokens(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return WhisperTokens.from_tokenizer(tokenizer, 51864)
+
+
+def test_defaults_are_the_references():
+    defaults = inspect.signature(reference_transcribe).parameters
+    options = FallbackOptions()
+    assert options.temperatures == defaults["temperature"].default
+    for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+        assert getattr(options, name) == defaults[name].default, name
+
+
+@pytest.mark.parametrize("start", [0.0, 0.1, 0.5, 1.0])
+def test_schedule_is_the_reference_clis(start):
+    """openai-whisper's CLI: np.arange(temperature, 1.0 + 1e-6, temperature_increment_on_fallback)."""
+    assert decoding.temperature_schedule(start) == pytest.approx(tuple(np.arange(start, 1.0 + 1e-6, 0.2)))
+    assert decoding.temperature_schedule(1.5) == (1.5,)
+
+
+@pytest.mark.parametrize("ratio", [1.0, 3.0])
+@pytest.mark.parametrize("logprob", [-0.5, -1.5])
+@pytest.mark.parametrize("no_speech", [0.1, 0.9])
+def test_fallback_and_silence_rules_are_the_references(ratio, logprob, no_speech):
+    """The conditions of openai-whisper's decode_with_fallback and its no-voice-activity skip."""
+    output = WindowOutput([1], [logprob], avg_logprob=logprob, compression_ratio=ratio, no_speech_prob=no_speech)
+    reference_fallback = (ratio > 2.4 or logprob < -1.0) and not (no_speech > 0.6 and logprob < -1.0)
+    reference_skip = no_speech > 0.6 and not logprob > -1.0
+    assert needs_fallback(output, FallbackOptions()) == reference_fallback
+    assert is_silent(output, FallbackOptions()) == reference_skip
+    assert not is_silent(output, FallbackOptions(no_speech_threshold=None))
+
+
+def test_fall_back_replaces_only_failing_windows_with_fresh_keys(tokens):
+    samples = np.zeros(16000 * 65, dtype=np.float32)
+    plan = decoding.plan_transcription(samples, tokens, language="en")
+    first = list(plan.windows)
+    good = WindowOutput([1], [-0.1], avg_logprob=-0.1, compression_ratio=1.0)
+    bad = WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)
+    outputs = [good, bad, good]
+    retried, superseded = fall_back(plan, outputs)
+    assert retried == [1] and superseded == first[1].capture_keys()
+    assert plan.windows[0] is first[0] and plan.windows[2] is first[2]
+    again = plan.windows[1]
+    assert again.temperature == pytest.approx(0.2) and again.attempt == 1
+    assert not set(again.capture_keys()) & set(first[1].capture_keys())
+    assert again.no_speech.row == first[1].no_speech.row == 0 and again.no_speech.token == tokens.no_speech
+    for _ in range(10):  # at most the schedule's length
+        retried, _ = fall_back(plan, outputs)
+    assert retried == [] and plan.windows[1].temperature == pytest.approx(1.0)
+
+
+def test_no_speech_row_is_after_the_previous_text(tokens):
+    plan = decoding.plan_transcription(np.zeros(16000, np.float32), tokens, language="en", prompt="hello there")
+    window = plan.windows[0]
+    assert window.prompt_token_ids[window.no_speech.row] == tokens.sot
+    assert window.alignment.sot_row == window.no_speech.row
+
+
+def test_bad_options_are_refused(tokens):
+    for options in (FallbackOptions(no_speech_threshold=1.5), FallbackOptions(logprob_threshold=float("nan")),
+                    FallbackOptions(compression_ratio_threshold=-1), FallbackOptions.starting_at(-0.2)):
+        with pytest.raises(ValueError):
+            options.validate()
