@@ -502,3 +502,10 @@ def test_long_speech_is_cut_between_words(noise_db):
         assert not any(start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends)), (
             f"cut at {cut:.3f}s falls inside a word"
         )
+
+
+def test_long_silence_is_cut_into_full_windows():
+    """A pause that runs past the window's end is cut at the end: 60 s of silence is two 30 s windows,
+    as openai-whisper's are (27.5 s windows made three, each a chance to invent a word)."""
+    chunks = chunk_audio(np.zeros(60 * SAMPLE_RATE, dtype=np.float32))
+    assert [len(c.samples) for c in chunks] == [30 * SAMPLE_RATE, 30 * SAMPLE_RATE]

@@ -339,7 +339,8 @@ def chunk_audio(
     """Split audio into consecutive windows of at most `chunk_seconds`.
 
     Each cut is placed in the middle of the longest quiet stretch within the last
-    CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word.
+    CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word; a stretch
+    that reaches the end of the search is cut at its end.
     No chunk is shorter than MIN_CHUNK_SECONDS (at most half a window) unless the whole input
     is: near the end the search moves earlier so that enough is left for the last chunk.
     Chunks are views that together cover every sample exactly once.
@@ -377,6 +378,10 @@ def _quietest_point(region: np.ndarray, frame_length: int) -> int:
     quiet = energy <= energy.min() * QUIET_ENERGY_FACTOR + 1e-12
 
     run_start, run_end = _longest_run(quiet)
+    if run_end == num_frames:
+        # The pause runs on past the window's end: cut there, so that the window stays full (long
+        # silence in windows of 27.5 s made more windows, each a chance to invent a word).
+        return len(region)
     middle_frame = (run_start + run_end) / 2
     return int(round(middle_frame * frame_length))
 
