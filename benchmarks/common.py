@@ -155,7 +155,7 @@ def word_dicts(words: Iterable[Any]) -> list[dict[str, Any]]:
     """Normalise word objects/dicts of any system to {"word", "start", "end", "probability"}."""
     out = []
     for w in words:
-        get = (lambda k: w.get(k)) if isinstance(w, dict) else (lambda k: getattr(w, k, None))
+        get = (lambda k, w=w: w.get(k)) if isinstance(w, dict) else (lambda k, w=w: getattr(w, k, None))
         start, end = get("start"), get("end")
         out.append({
             "word": str(get("word")),

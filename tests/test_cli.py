@@ -70,7 +70,7 @@ def test_transcribe_files_with_words_and_bad_inputs(audio_files):
     assert_quiet_and_clean(result.stderr)
     outputs = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(outputs) == len(clips), result.stdout[-3000:]
-    for output, clip in zip(outputs, clips):
+    for output, clip in zip(outputs, clips, strict=True):
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
 
 
@@ -86,7 +86,7 @@ def test_int8_encoder_option(audio_files, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == ""  # the results are in the files; nothing else goes to stdout
     assert_quiet_and_clean(result.stderr)
-    for path, clip in zip(paths, clips):
+    for path, clip in zip(paths, clips, strict=True):
         output = json.loads((tmp_path / f"{path.stem}.json").read_text())
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
 

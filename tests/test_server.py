@@ -151,13 +151,13 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
     together = asyncio.run(run_all())
-    for clip, single, batched in zip(clips, alone, together):
+    for single, batched in zip(alone, together, strict=True):
         assert single.text == batched.text
         np.testing.assert_allclose([w.start for w in single.words], [w.start for w in batched.words], atol=0.02 + 1e-6)
         np.testing.assert_allclose([w.end for w in single.words], [w.end for w in batched.words], atol=0.02 + 1e-6)
     # Clips i and i + 8 say the same sentence with other gaps: their word times must differ, so
     # equal answers above cannot come from answers being swapped between requests.
-    for first, second in zip(together[:8], together[8:16]):
+    for first, second in zip(together[:8], together[8:16], strict=True):
         assert [w.start for w in first.words][-1] != [w.start for w in second.words][-1]
 
 

@@ -431,7 +431,7 @@ def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.nda
 def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
     speech = speech.copy()
     edges = np.flatnonzero(np.diff(np.concatenate([[1], speech.astype(np.int8), [1]])))
-    for start, end in zip(edges[0::2], edges[1::2]):  # runs of silence [start, end)
+    for start, end in zip(edges[0::2], edges[1::2], strict=True):  # runs of silence [start, end)
         if end - start < min_frames and start > 0 and end < len(speech):
             speech[start:end] = True
     return speech

@@ -264,7 +264,7 @@ class _Mapper:
         n = len(dsts)
         if w.shape[0] % n:
             raise ValueError(f"{src}: fused rows {w.shape[0]} not divisible by {n}")
-        for dst, wi, bi in zip(dsts, np.split(w, n), np.split(b, n)):
+        for dst, wi, bi in zip(dsts, np.split(w, n), np.split(b, n), strict=True):
             self.put(f"{dst}.weight", wi)
             if not dst.endswith("k_proj"):
                 self.put(f"{dst}.bias", bi)

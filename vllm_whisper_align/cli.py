@@ -280,7 +280,7 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
                 entry = json.loads(line)
                 items.append((str(entry["audio"]), str(entry["text"])))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(f"{args.manifest}:{number}: need {{\"audio\": ..., \"text\": ...}} ({error})")
+                raise ValueError(f"{args.manifest}:{number}: need {{\"audio\": ..., \"text\": ...}} ({error})") from None
         return items
     if args.audio is None:
         raise ValueError("align needs an AUDIO file (or --manifest)")

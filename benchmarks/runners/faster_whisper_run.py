@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -51,7 +52,7 @@ def main() -> None:
         transcribe(model, shortest(items))  # warm-up
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            files = dict(pool.map(lambda clip_id: transcribe(model, clip_id), [i["id"] for i in items]))
+            files = dict(pool.map(partial(transcribe, model), [i["id"] for i in items]))
         t1 = time.perf_counter()
         del model
         runs.append(run_record(

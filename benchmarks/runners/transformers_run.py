@@ -43,7 +43,7 @@ def main() -> None:
             generate_kwargs["max_new_tokens"] = args.max_new_tokens
         outputs = pipe(inputs, batch_size=batch_size, return_timestamps="word", generate_kwargs=generate_kwargs)
         out = {}
-        for clip_id, result in zip(ids, outputs):
+        for clip_id, result in zip(ids, outputs, strict=True):
             words = []
             for chunk in result.get("chunks") or []:
                 start, end = chunk["timestamp"]

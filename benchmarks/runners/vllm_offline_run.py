@@ -56,7 +56,6 @@ def main() -> None:
             walls[flag].append(wall)
             last[flag] = results
             log(f"offline {args.dtype} timestamps={'on' if flag else 'off'}: {audio_s / wall:.2f} audio s/wall s")
-    t_end = time.perf_counter()
     sampler.stop()
     dtype = precision_label(str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", ""), additional_config)
     runs = []
@@ -65,7 +64,7 @@ def main() -> None:
             item["id"]: {"text": r.get("text", ""), "words": [
                 {k: w.get(k) for k in ("word", "start", "end", "probability")} for w in r.get("words") or []
             ]}
-            for item, r in zip(items, last[flag])
+            for item, r in zip(items, last[flag], strict=True)
         }
         median = statistics.median(walls[flag])
         runs.append(run_record(

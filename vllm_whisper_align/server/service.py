@@ -164,8 +164,8 @@ class AlignmentService:
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
         prompt, params = self.language_detection.request(samples)
         final = None
-        async for final in self.engine_client.generate(prompt, params, request_id):
-            pass
+        async for output in self.engine_client.generate(prompt, params, request_id):
+            final = output
         return self.language_detection.language(final.outputs[0].token_ids)
 
     async def _run(self, plan: decoding.Plan, request_id: str) -> dict[str, Any]:
@@ -200,8 +200,8 @@ class AlignmentService:
 
     async def _generate(self, window: decoding.WindowRequest, request_id: str) -> Any:
         final = None
-        async for final in self.engine_client.generate(window.engine_prompt(), window.sampling_params, request_id):
-            pass
+        async for output in self.engine_client.generate(window.engine_prompt(), window.sampling_params, request_id):
+            final = output
         return final
 
     # ---- worker RPCs -------------------------------------------------------------------------
