@@ -177,7 +177,9 @@ def test_resampled_length(tmp_path):
 def test_many_channels(tmp_path, clip):
     # Over 8 channels once crashed PyAV's planar frame reader.
     path = tmp_path / "ten.wav"
-    soundfile.write(path, _resample_reference(np.stack([clip.samples] * 10, axis=1), 44100), 44100, subtype="FLOAT")
+    soundfile.write(
+        path, _resample_reference(np.stack([clip.samples] * 10, axis=1), 44100), 44100, subtype="FLOAT"
+    )
     lag, correlation = alignment(clip.samples, decode_audio(path))
     assert lag == 0 and correlation > 0.99
 
@@ -499,7 +501,9 @@ def test_long_speech_is_cut_between_words(noise_db):
     assert all(len(chunk.samples) <= CHUNK_SECONDS * SAMPLE_RATE for chunk in chunks)
     for chunk in chunks[1:]:
         cut = chunk.offset
-        assert not any(start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends, strict=True)), (
+        assert not any(
+            start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends, strict=True)
+        ), (
             f"cut at {cut:.3f}s falls inside a word"
         )
 

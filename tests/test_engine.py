@@ -22,7 +22,9 @@ def word_ends(result) -> np.ndarray:
 def reference_words(reference, samples, text_tokens):
     """openai-whisper's find_alignment on the same audio and tokens (float32, CPU)."""
     model, tokenizer = reference
-    mel = whisper.log_mel_spectrogram(torch.from_numpy(samples), model.dims.n_mels, padding=whisper.audio.N_SAMPLES)
+    mel = whisper.log_mel_spectrogram(
+        torch.from_numpy(samples), model.dims.n_mels, padding=whisper.audio.N_SAMPLES
+    )
     num_frames = len(samples) // whisper.audio.HOP_LENGTH
     mel = mel[:, :whisper.audio.N_FRAMES]
     return find_alignment(model, tokenizer, text_tokens, mel, num_frames)
@@ -50,7 +52,9 @@ def _raw_word_times(result, aligner):
     from vllm_whisper_align.word_timing import split_to_word_tokens
 
     ids = [t["id"] for t in result["tokens"]]
-    _, groups = split_to_word_tokens(ids + [aligner.tokens.eot], aligner.tokens.decode_with_special, aligner.tokens.eot, "en")
+    _, groups = split_to_word_tokens(
+        ids + [aligner.tokens.eot], aligner.tokens.decode_with_special, aligner.tokens.eot, "en"
+    )
     times, index = [], 0
     for group in groups[:-1]:
         first, last = result["tokens"][index], result["tokens"][index + len(group) - 1]
@@ -64,7 +68,9 @@ def test_transcription_word_starts_near_truth(aligner, clips):
     from speech import start_errors
 
     results = aligner.transcribe([c.samples for c in clips], word_timestamps=True)
-    errors = np.concatenate([start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)])
+    errors = np.concatenate([
+        start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)
+    ])
     assert (errors <= 0.2).mean() >= 0.75, f"within 200 ms: {(errors <= 0.2).mean():.2%}"
 
 
@@ -77,7 +83,8 @@ def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
         np.abs([t["start"] for t in a["tokens"]] - np.array([t["start"] for t in b["tokens"]]))
         for a, b in zip(transcribed, forced, strict=True)
     ])
-    assert (diffs <= 0.02 + 1e-6).mean() >= 0.9, f"token starts within 20 ms: {(diffs <= 0.02 + 1e-6).mean():.2%}"
+    within = (diffs <= 0.02 + 1e-6).mean()
+    assert within >= 0.9, f"token starts within 20 ms: {within:.2%}"
 
 
 def test_batched_requests_match_each_alone(aligner, clips):

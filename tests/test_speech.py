@@ -25,7 +25,11 @@ def assert_exact_boundaries(clip):
     assert all(later > earlier for earlier, later in zip(clip.ends, clip.starts[1:], strict=False))
     assert clip.ends[-1] < clip.duration
 
-    edges = [0] + [_index(t) for pair in zip(clip.starts, clip.ends, strict=True) for t in pair] + [len(clip.samples)]
+    edges = (
+        [0]
+        + [_index(t) for pair in zip(clip.starts, clip.ends, strict=True) for t in pair]
+        + [len(clip.samples)]
+    )
     for index in range(0, len(edges), 2):
         assert _rms(clip.samples[edges[index] : edges[index + 1]]) < SILENCE_RMS, "sound outside a word"
     for word, start, end in zip(clip.words, clip.starts, clip.ends, strict=True):

@@ -244,7 +244,9 @@ def _decode_with_pyav(opened, name: str, sample_rate: int, bound: _Bound) -> np.
             # A damaged header can claim megahertz rates, which take the resampler
             # seconds to set up for nothing.
             if (stream.rate or 0) > MAX_SOURCE_RATE:
-                raise AudioError(f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz")
+                raise AudioError(
+                    f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz"
+                )
             bound.check_header(_stated_seconds(container, stream))
             return _decode_stream(container, stream, name, sample_rate, bound)
     except AudioError:

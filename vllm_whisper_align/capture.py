@@ -155,7 +155,9 @@ class AlignmentCapture:
             slot = self._take_slot()
             if slot is None:
                 # Never raise here: an exception in the step hook kills the engine for everyone.
-                logger.error("No free capture slot for request %s; it gets no word timings", new_request.req_id)
+                logger.error(
+                    "No free capture slot for request %s; it gets no word timings", new_request.req_id
+                )
                 self.parked[params.key] = _Parked(params, None, time.monotonic(), "no free capture slot")
                 continue
             self.tracked[new_request.req_id] = _Tracked(params, slot)
