@@ -11,6 +11,7 @@ serve: venv
 	.venv/bin/vllm-whisper-align serve --port $(PORT)
 
 test: venv
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q
 
 demo: venv

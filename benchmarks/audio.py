@@ -75,7 +75,8 @@ def short_clip_spec(index: int) -> dict:
 def make_short(index: int) -> tuple[SpokenClip, dict]:
     spec = short_clip_spec(index)
     words = spec["words"]
-    gaps = [round(GAP_CYCLE[(index + k) % len(GAP_CYCLE)] * spec["gap_scale"], 3) for k in range(len(words) - 1)]
+    gaps = [round(GAP_CYCLE[(index + k) % len(GAP_CYCLE)] * spec["gap_scale"], 3)
+            for k in range(len(words) - 1)]
     clip = synthesize_words(
         words, gap_s=gaps, voice=spec["voice"], rate=spec["rate"], lead_s=0.3 + 0.1 * (index % 4),
         tail_s=0.4, noise_db=spec["noise_db"], seed=spec["seed"],
@@ -130,7 +131,9 @@ def manifest(truth: dict, ids: list[str] | None = None) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "audio")
     args = parser.parse_args()
     truth = build(args.out)

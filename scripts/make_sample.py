@@ -35,7 +35,7 @@ def main() -> None:
         "source": "espeak-ng -v en-us -s 160, one word at a time, silence trimmed (scripts/make_sample.py)",
         "words": [
             {"word": word, "start": start, "end": end}
-            for word, start, end in zip(clip.words, clip.starts, clip.ends)
+            for word, start, end in zip(clip.words, clip.starts, clip.ends, strict=True)
         ],
     }
     (ASSETS / "sample.json").write_text(json.dumps(truth, indent=2) + "\n")

@@ -177,7 +177,9 @@ def test_resampled_length(tmp_path):
 def test_many_channels(tmp_path, clip):
     # Over 8 channels once crashed PyAV's planar frame reader.
     path = tmp_path / "ten.wav"
-    soundfile.write(path, _resample_reference(np.stack([clip.samples] * 10, axis=1), 44100), 44100, subtype="FLOAT")
+    soundfile.write(
+        path, _resample_reference(np.stack([clip.samples] * 10, axis=1), 44100), 44100, subtype="FLOAT"
+    )
     lag, correlation = alignment(clip.samples, decode_audio(path))
     assert lag == 0 and correlation > 0.99
 
@@ -319,7 +321,7 @@ def test_bundled_sample():
     for word in truth["words"]:
         inside = samples[round(word["start"] * SAMPLE_RATE) : round(word["end"] * SAMPLE_RATE)]
         assert np.sqrt(np.mean(inside**2)) > 0.01
-    for before, after in zip(truth["words"], truth["words"][1:]):
+    for before, after in zip(truth["words"], truth["words"][1:], strict=False):
         gap = samples[round(before["end"] * SAMPLE_RATE) : round(after["start"] * SAMPLE_RATE)]
         assert np.abs(gap).max() == 0
 
@@ -499,7 +501,9 @@ def test_long_speech_is_cut_between_words(noise_db):
     assert all(len(chunk.samples) <= CHUNK_SECONDS * SAMPLE_RATE for chunk in chunks)
     for chunk in chunks[1:]:
         cut = chunk.offset
-        assert not any(start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends)), (
+        assert not any(
+            start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends, strict=True)
+        ), (
             f"cut at {cut:.3f}s falls inside a word"
         )
 

@@ -37,7 +37,9 @@ def step(new=(), cached=(), finished=(), encoder=()) -> SimpleNamespace:
         return merged
 
     new_reqs = [
-        SimpleNamespace(req_id=r, num_computed_tokens=0, sampling_params=SimpleNamespace(extra_args=extra_args(p)))
+        SimpleNamespace(
+            req_id=r, num_computed_tokens=0, sampling_params=SimpleNamespace(extra_args=extra_args(p))
+        )
         for r, p, _ in new
     ]
     scheduled = {r: n for r, _, n in new} | {r: n for r, _, n in cached}
@@ -122,7 +124,8 @@ def test_no_speech_prob_is_read_at_each_requests_sot_row():
     lm_head = torch.randn(vocab, width, generator=torch.Generator().manual_seed(0))
     hidden = torch.randn(8, width, generator=torch.Generator().manual_seed(1))
     capture = make_capture(hidden=hidden.clone(), logits_of=lambda rows: rows @ lm_head.T)
-    a, b, a_alignment = NoSpeechParams(row=2, token=4), NoSpeechParams(row=0, token=4), AlignmentParams(8, 2, 3)
+    a, b = NoSpeechParams(row=2, token=4), NoSpeechParams(row=0, token=4)
+    a_alignment = AlignmentParams(8, 2, 3)
     capture.after_step(step(new=[("a", (a_alignment, a), 4), ("b", b, 2)]), ["b", "a"])
     expected = (hidden @ lm_head.T).softmax(-1)[:, 4]
     answers = {r["key"]: r for r in capture.no_speech_probs([a.key, b.key, "unknown"])}

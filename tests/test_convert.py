@@ -69,8 +69,12 @@ def test_tiny_en_configs(tiny_hf: Path):
     assert gen["suppress_tokens"] == ct2_cfg["suppress_ids"]
 
     pre = _json(tiny_hf / "preprocessor_config.json")
-    assert (pre["feature_size"], pre["sampling_rate"], pre["hop_length"], pre["n_fft"]) == (80, 16000, 160, 400)
-    assert (pre["chunk_length"], pre["nb_max_frames"], pre["processor_class"]) == (30, 3000, "WhisperProcessor")
+    assert (pre["feature_size"], pre["sampling_rate"], pre["hop_length"], pre["n_fft"]) == (
+        80, 16000, 160, 400
+    )
+    assert (pre["chunk_length"], pre["nb_max_frames"], pre["processor_class"]) == (
+        30, 3000, "WhisperProcessor"
+    )
 
 
 def test_tiny_en_weights_are_fp16(tiny_hf: Path):
@@ -128,7 +132,8 @@ def test_hf_logits_match_openai_whisper(tiny_hf: Path):
     assert not info["unexpected_keys"] and not info["mismatched_keys"]
     hf.eval()
     ref = load_reference_model(tiny_hf)
-    assert ref.alignment_heads.to_dense().sum().item() == len(_json(tiny_hf / "generation_config.json")["alignment_heads"])
+    heads = _json(tiny_hf / "generation_config.json")["alignment_heads"]
+    assert ref.alignment_heads.to_dense().sum().item() == len(heads)
 
     gen = torch.Generator().manual_seed(0)
     mel = torch.randn(1, 80, 3000, generator=gen) * 0.5
@@ -145,7 +150,9 @@ def test_hf_logits_match_openai_whisper(tiny_hf: Path):
 
 def _espeak_16k(text: str, tmp: Path) -> np.ndarray:
     wav = tmp / "speech.wav"
-    subprocess.run([ESPEAK, "-v", "en-us", "-s", "130", "-w", str(wav), text], check=True, capture_output=True)
+    subprocess.run(
+        [ESPEAK, "-v", "en-us", "-s", "130", "-w", str(wav), text], check=True, capture_output=True
+    )
     with wave.open(str(wav)) as w:
         rate, width, ch = w.getframerate(), w.getsampwidth(), w.getnchannels()
         raw = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
@@ -221,7 +228,9 @@ def test_base_multilingual(tmp_path: Path):
 
     hf_dir = models.base_model_path(cache_dir=tmp_path)
     cfg, gen = _json(hf_dir / "config.json"), _json(hf_dir / "generation_config.json")
-    assert (cfg["vocab_size"], cfg["d_model"], cfg["encoder_layers"], cfg["decoder_attention_heads"]) == (51865, 512, 6, 8)
+    assert (cfg["vocab_size"], cfg["d_model"], cfg["encoder_layers"], cfg["decoder_attention_heads"]) == (
+        51865, 512, 6, 8
+    )
     assert (cfg["decoder_start_token_id"], cfg["eos_token_id"]) == (50258, 50257)
     assert gen["is_multilingual"] is True and gen["no_timestamps_token_id"] == 50363
     assert gen["task"] == "transcribe"

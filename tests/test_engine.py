@@ -22,7 +22,9 @@ def word_ends(result) -> np.ndarray:
 def reference_words(reference, samples, text_tokens):
     """openai-whisper's find_alignment on the same audio and tokens (float32, CPU)."""
     model, tokenizer = reference
-    mel = whisper.log_mel_spectrogram(torch.from_numpy(samples), model.dims.n_mels, padding=whisper.audio.N_SAMPLES)
+    mel = whisper.log_mel_spectrogram(
+        torch.from_numpy(samples), model.dims.n_mels, padding=whisper.audio.N_SAMPLES
+    )
     num_frames = len(samples) // whisper.audio.HOP_LENGTH
     mel = mel[:, :whisper.audio.N_FRAMES]
     return find_alignment(model, tokenizer, text_tokens, mel, num_frames)
@@ -33,13 +35,14 @@ def test_forced_alignment_matches_openai_whisper(aligner, clips, reference):
     tokens_per_clip = [aligner.tokens.encode(" " + clip.text) for clip in clips]
     ours = aligner.align([c.samples for c in clips], token_ids=tokens_per_clip)
     diffs = []
-    for clip, text_tokens, result in zip(clips, tokens_per_clip, ours):
+    for clip, text_tokens, result in zip(clips, tokens_per_clip, ours, strict=True):
         ref = [w for w in reference_words(reference, clip.samples, text_tokens)]
         ref_times = [(w.start, w.end) for w in ref]
         # Compare before punctuation merging and duration rules: the reference's raw words.
         ours_raw = [(t["start"], t["end"]) for t in _raw_word_times(result, aligner)]
         assert len(ours_raw) == len(ref_times)
-        diffs += [abs(a - b) for pair_a, pair_b in zip(ours_raw, ref_times) for a, b in zip(pair_a, pair_b)]
+        diffs += [abs(a - b) for pair_a, pair_b in zip(ours_raw, ref_times, strict=True)
+                  for a, b in zip(pair_a, pair_b, strict=True)]
     diffs = np.array(diffs)
     assert (diffs <= 0.02 + 1e-6).mean() >= 0.99, f"max diff {diffs.max():.3f}s"
 
@@ -49,7 +52,9 @@ def _raw_word_times(result, aligner):
     from vllm_whisper_align.word_timing import split_to_word_tokens
 
     ids = [t["id"] for t in result["tokens"]]
-    _, groups = split_to_word_tokens(ids + [aligner.tokens.eot], aligner.tokens.decode_with_special, aligner.tokens.eot, "en")
+    _, groups = split_to_word_tokens(
+        ids + [aligner.tokens.eot], aligner.tokens.decode_with_special, aligner.tokens.eot, "en"
+    )
     times, index = [], 0
     for group in groups[:-1]:
         first, last = result["tokens"][index], result["tokens"][index + len(group) - 1]
@@ -63,7 +68,9 @@ def test_transcription_word_starts_near_truth(aligner, clips):
     from speech import start_errors
 
     results = aligner.transcribe([c.samples for c in clips], word_timestamps=True)
-    errors = np.concatenate([start_errors(clip, result["words"]) for clip, result in zip(clips, results)])
+    errors = np.concatenate([
+        start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)
+    ])
     assert (errors <= 0.2).mean() >= 0.75, f"within 200 ms: {(errors <= 0.2).mean():.2%}"
 
 
@@ -74,9 +81,10 @@ def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
     forced = aligner.align([c.samples for c in clips], token_ids=token_ids)
     diffs = np.concatenate([
         np.abs([t["start"] for t in a["tokens"]] - np.array([t["start"] for t in b["tokens"]]))
-        for a, b in zip(transcribed, forced)
+        for a, b in zip(transcribed, forced, strict=True)
     ])
-    assert (diffs <= 0.02 + 1e-6).mean() >= 0.9, f"token starts within 20 ms: {(diffs <= 0.02 + 1e-6).mean():.2%}"
+    within = (diffs <= 0.02 + 1e-6).mean()
+    assert within >= 0.9, f"token starts within 20 ms: {within:.2%}"
 
 
 def test_batched_requests_match_each_alone(aligner, clips):
@@ -85,11 +93,11 @@ def test_batched_requests_match_each_alone(aligner, clips):
     alone = [aligner.transcribe([s], word_timestamps=True)[0] for s in samples[:4]]
     batch = aligner.transcribe(samples, word_timestamps=True)
     plain = aligner.transcribe(samples, word_timestamps=False)
-    for single, together in zip(alone, batch[:4]):
+    for single, together in zip(alone, batch[:4], strict=True):
         assert single["text"] == together["text"]
         np.testing.assert_allclose(word_starts(single), word_starts(together), atol=0.02 + 1e-6)
         np.testing.assert_allclose(word_ends(single), word_ends(together), atol=0.02 + 1e-6)
-    for without, with_words in zip(plain, batch):
+    for without, with_words in zip(plain, batch, strict=True):
         assert "words" not in without
         assert without["text"] == with_words["text"]
 
@@ -103,7 +111,7 @@ def test_mixed_alignment_in_one_generate_call(aligner, clips):
     ]
     results = aligner._run(plans, use_tqdm=False)
     alone = aligner.transcribe([clips[0].samples, clips[2].samples], word_timestamps=True)
-    for result, single in zip([results[0], results[2]], alone):
+    for result, single in zip([results[0], results[2]], alone, strict=True):
         np.testing.assert_allclose(word_starts(result), word_starts(single), atol=0.02 + 1e-6)
     assert all("words" not in r for r in results[1::2])
     assert aligner.capture_stats()["tracked"] == 0

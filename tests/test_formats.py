@@ -221,7 +221,8 @@ def test_verbose_json():
     body = json.loads(to_verbose_json(make_result()))
     assert body["task"] == "transcribe"
     assert body["language"] == "english" and body["duration"] == 5.5
-    assert len(body["segments"]) == 2 and set(body["segments"][0]) >= {"id", "seek", "tokens", "no_speech_prob"}
+    assert len(body["segments"]) == 2
+    assert set(body["segments"][0]) >= {"id", "seek", "tokens", "no_speech_prob"}
     assert [word["word"] for word in body["words"]][:2] == ["The", "quick"]
     assert "words" not in json.loads(to_verbose_json(make_result(with_words=False)))
     extra = make_result()
@@ -307,7 +308,8 @@ def test_line_controls_lay_out_cues_as_openai_whisper(seed, options):
     openai-whisper's SRT writer gives for the same words in its shape."""
     segments = _spoken_segments(seed)
     ours_input = {
-        "text": "", "segments": [{"start": ws[0]["start"], "end": ws[-1]["end"], "text": "x"} for ws in segments],
+        "text": "",
+        "segments": [{"start": ws[0]["start"], "end": ws[-1]["end"], "text": "x"} for ws in segments],
         "words": [dict(w, word=w["word"].strip()) for ws in segments for w in ws],  # OpenAI's unspaced words
     }
     ours = parse_srt(to_srt(ours_input, "segment", SubtitleOptions(**options)))

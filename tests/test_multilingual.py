@@ -56,4 +56,6 @@ def test_explicit_language_and_translation(base_client):
     )
     assert translated.text.strip()
     with pytest.raises(openai.BadRequestError):
-        base_client.audio.transcriptions.create(model="whisper-base", file=("c.wav", wav(clip)), language="xx")
+        base_client.audio.transcriptions.create(
+            model="whisper-base", file=("c.wav", wav(clip)), language="xx"
+        )

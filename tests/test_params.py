@@ -62,7 +62,9 @@ def test_unknown_plugin_options_are_refused():
 
 def test_unsupported_vllm_is_refused_with_the_supported_versions():
     vllm_adapter.check_vllm()  # the installed one
-    with pytest.raises(vllm_adapter.UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.40\.1"):
+    with pytest.raises(
+        vllm_adapter.UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.40\.1"
+    ):
         vllm_adapter.check_vllm((0, 40, 1))
 
 

@@ -40,7 +40,9 @@ def test_schedule_is_the_reference_clis(start):
 @pytest.mark.parametrize("no_speech", [0.1, 0.9])
 def test_fallback_and_silence_rules_are_the_references(ratio, logprob, no_speech):
     """The conditions of openai-whisper's decode_with_fallback and its no-voice-activity skip."""
-    output = WindowOutput([1], [logprob], avg_logprob=logprob, compression_ratio=ratio, no_speech_prob=no_speech)
+    output = WindowOutput(
+        [1], [logprob], avg_logprob=logprob, compression_ratio=ratio, no_speech_prob=no_speech
+    )
     reference_fallback = (ratio > 2.4 or logprob < -1.0) and not (no_speech > 0.6 and logprob < -1.0)
     reference_skip = no_speech > 0.6 and not logprob > -1.0
     assert needs_fallback(output, FallbackOptions()) == reference_fallback
@@ -68,7 +70,9 @@ def test_fall_back_replaces_only_failing_windows_with_fresh_keys(tokens):
 
 
 def test_no_speech_row_is_after_the_previous_text(tokens):
-    plan = decoding.plan_transcription(np.zeros(16000, np.float32), tokens, language="en", prompt="hello there")
+    plan = decoding.plan_transcription(
+        np.zeros(16000, np.float32), tokens, language="en", prompt="hello there"
+    )
     window = plan.windows[0]
     assert window.prompt_token_ids[window.no_speech.row] == tokens.sot
     assert window.alignment.sot_row == window.no_speech.row

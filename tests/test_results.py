@@ -29,7 +29,9 @@ def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
     fetched = []
     if cross_qk is not None:
         [window] = plan.windows
-        fetched = [{"key": window.alignment.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}]
+        fetched = [
+            {"key": window.alignment.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}
+        ]
     return results.finish(plan, [output], fetched, tokens)
 
 

@@ -58,7 +58,10 @@ def wav_bytes(clip_or_samples) -> bytes:
 
 
 def transcribe_raw(server: str, audio: bytes, **fields) -> httpx.Response:
-    data = {name: [str(v) for v in value] if isinstance(value, list) else str(value) for name, value in fields.items()}
+    data = {
+        name: [str(v) for v in value] if isinstance(value, list) else str(value)
+        for name, value in fields.items()
+    }
     return httpx.post(
         f"{server}/v1/audio/transcriptions",
         files={"file": ("clip.wav", audio, "audio/wav")},
@@ -151,13 +154,17 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
     together = asyncio.run(run_all())
-    for clip, single, batched in zip(clips, alone, together):
+    for single, batched in zip(alone, together, strict=True):
         assert single.text == batched.text
-        np.testing.assert_allclose([w.start for w in single.words], [w.start for w in batched.words], atol=0.02 + 1e-6)
-        np.testing.assert_allclose([w.end for w in single.words], [w.end for w in batched.words], atol=0.02 + 1e-6)
+        np.testing.assert_allclose(
+            [w.start for w in single.words], [w.start for w in batched.words], atol=0.02 + 1e-6
+        )
+        np.testing.assert_allclose(
+            [w.end for w in single.words], [w.end for w in batched.words], atol=0.02 + 1e-6
+        )
     # Clips i and i + 8 say the same sentence with other gaps: their word times must differ, so
     # equal answers above cannot come from answers being swapped between requests.
-    for first, second in zip(together[:8], together[8:16]):
+    for first, second in zip(together[:8], together[8:16], strict=True):
         assert [w.start for w in first.words][-1] != [w.start for w in second.words][-1]
 
 
@@ -202,7 +209,9 @@ def test_forced_alignment_endpoint(server):
 
 
 SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S)
-VTT_CUE = re.compile(r"(?:(\d\d):)?(\d\d:\d\d\.\d\d\d) --> (?:(\d\d):)?(\d\d:\d\d\.\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S)
+VTT_CUE = re.compile(
+    r"(?:(\d\d):)?(\d\d:\d\d\.\d\d\d) --> (?:(\d\d):)?(\d\d:\d\d\.\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S
+)
 
 
 def _seconds(stamp: str) -> float:
@@ -226,7 +235,9 @@ def test_srt_and_vtt(server):
     vtt_cues = VTT_CUE.findall(vtt.text)
     assert len(vtt_cues) >= 1 and all(cue[4].strip() for cue in vtt_cues)
     # openai-whisper's line controls and word highlighting, on both routes.
-    lines = transcribe_raw(server, wav_bytes(clip), response_format="srt", max_line_width=12, max_line_count=2)
+    lines = transcribe_raw(
+        server, wav_bytes(clip), response_format="srt", max_line_width=12, max_line_count=2
+    )
     laid_out = SRT_CUE.findall(lines.text)
     assert len(laid_out) > len(cues), lines.text
     assert all(len(cue[3].split("\n")) <= 2 for cue in laid_out)
@@ -268,7 +279,8 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
 
     def align(**data):
         return httpx.post(
-            f"{server}/v1/audio/alignments", files={"file": ("c.wav", good, "audio/wav")}, data=data, timeout=120
+            f"{server}/v1/audio/alignments", files={"file": ("c.wav", good, "audio/wav")}, data=data,
+            timeout=120,
         )
 
     assert_openai_error(align(text="word " * 500), "448")
@@ -442,7 +454,9 @@ def test_silence_has_a_no_speech_prob_and_thresholds_are_checked(server):
     """A silent window is kept when the thresholds are off, and says how likely silence is; with the
     defaults it is dropped. Nonsense thresholds are a 400 naming the field."""
     silence = wav_bytes(np.zeros(16000 * 30, dtype=np.float32))
-    off = {name: "none" for name in ("no_speech_threshold", "logprob_threshold", "compression_ratio_threshold")}
+    off = {
+        name: "none" for name in ("no_speech_threshold", "logprob_threshold", "compression_ratio_threshold")
+    }
     kept = transcribe_raw(server, silence, response_format="verbose_json", **off).json()
     assert kept["segments"] and all(s["no_speech_prob"] > 0.6 for s in kept["segments"]), kept
     dropped = transcribe_raw(server, silence, response_format="verbose_json").json()

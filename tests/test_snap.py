@@ -10,7 +10,7 @@ from vllm_whisper_align.word_timing import WordTiming, snap_to_speech
 def test_speech_mask_marks_words_and_gaps():
     clip = synthesize_words(["hello", "world"], gap_s=0.5, lead_s=0.5)
     speech = speech_frames(clip.samples)
-    for start, end in zip(clip.starts, clip.ends):
+    for start, end in zip(clip.starts, clip.ends, strict=True):
         inside = speech[int(start / 0.02) + 1 : int(end / 0.02) - 1]
         assert inside.mean() > 0.9
     gap = speech[int(clip.ends[0] / 0.02) + 2 : int(clip.starts[1] / 0.02) - 1]

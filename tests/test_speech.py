@@ -21,14 +21,18 @@ def _index(seconds: float) -> int:
 def assert_exact_boundaries(clip):
     assert clip.samples.dtype == np.float32 and clip.samples.ndim == 1
     assert len(clip.words) == len(clip.starts) == len(clip.ends)
-    assert all(end > start for start, end in zip(clip.starts, clip.ends))
-    assert all(later > earlier for earlier, later in zip(clip.ends, clip.starts[1:]))
+    assert all(end > start for start, end in zip(clip.starts, clip.ends, strict=True))
+    assert all(later > earlier for earlier, later in zip(clip.ends, clip.starts[1:], strict=False))
     assert clip.ends[-1] < clip.duration
 
-    edges = [0] + [_index(t) for pair in zip(clip.starts, clip.ends) for t in pair] + [len(clip.samples)]
+    edges = (
+        [0]
+        + [_index(t) for pair in zip(clip.starts, clip.ends, strict=True) for t in pair]
+        + [len(clip.samples)]
+    )
     for index in range(0, len(edges), 2):
         assert _rms(clip.samples[edges[index] : edges[index + 1]]) < SILENCE_RMS, "sound outside a word"
-    for word, start, end in zip(clip.words, clip.starts, clip.ends):
+    for word, start, end in zip(clip.words, clip.starts, clip.ends, strict=True):
         inside = clip.samples[_index(start) : _index(end)]
         assert _rms(inside) > SPEECH_RMS, f"{word!r} is silent"
         # Trimmed to its sound: the word's first and last 5 ms are not silence.
@@ -74,7 +78,7 @@ def test_sentence_clips():
         assert 4 <= len(clip.words) <= 12
         assert clip.text[0].isupper() and clip.text.endswith(".")
         assert_exact_boundaries(clip)
-        gaps += [start - end for end, start in zip(clip.ends, clip.starts[1:])]
+        gaps += [start - end for end, start in zip(clip.ends, clip.starts[1:], strict=False)]
     assert min(gaps) == pytest.approx(0.15) and max(gaps) == pytest.approx(0.6)
 
 

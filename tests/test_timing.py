@@ -115,14 +115,14 @@ def test_dtw_does_not_modify_input():
 def test_dtw_batch_equals_dtw(xs):
     results = timing.dtw_batch(xs)
     assert len(results) == len(xs)
-    for x, result in zip(xs, results):
+    for x, result in zip(xs, results, strict=True):
         assert_same_path(result, timing.dtw(x))
 
 
 def test_dtw_batch_realistic_sizes():
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((rng.integers(5, 120), 1500)).astype(np.float32) for _ in range(8)]
-    for x, result in zip(xs, timing.dtw_batch(xs)):
+    for x, result in zip(xs, timing.dtw_batch(xs), strict=True):
         assert_same_path(result, reference.dtw_cpu(x.astype(np.float64)))
 
 
@@ -224,7 +224,7 @@ def reference_jump_times(matrix):
 @examples
 @given(st.lists(matrices(max_rows=15, max_cols=60), min_size=1, max_size=4))
 def test_jump_times_equal_reference(xs):
-    for x, batched in zip(xs, timing.jump_times_batch(xs)):
+    for x, batched in zip(xs, timing.jump_times_batch(xs), strict=True):
         expected = reference_jump_times(x)
         single = timing.jump_times(x)
         assert single.shape == (x.shape[0],)

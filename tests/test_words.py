@@ -295,7 +295,7 @@ def transcripts(draw):
     seek = draw(st.integers(0, 4000))
     offset = seek * 160 / 16000
     segments = []
-    for lo, hi in zip([0] + cuts, cuts + [len(tokens)]):
+    for lo, hi in zip([0] + cuts, cuts + [len(tokens)], strict=True):
         # segment times near those of its words, sometimes far enough off to trigger the rules
         first_word = np.searchsorted(bounds, lo, side="right") - 1
         last_word = np.searchsorted(bounds, hi, side="right") - 1
@@ -325,7 +325,7 @@ def test_add_word_timestamps_matches_reference(transcript):
         segments, ours, eot=EOT, time_offset=segments[0]["seek"] * 160 / 16000,
         last_speech_timestamp=last_speech,
     )
-    for segment, expected in zip(segments, reference_segments):
+    for segment, expected in zip(segments, reference_segments, strict=True):
         assert (segment["start"], segment["end"]) == (expected["start"], expected["end"])
         actual_words = [
             dict(word=w.word, start=w.start, end=w.end, probability=w.probability)
@@ -394,7 +394,7 @@ def test_pipeline_matches_find_alignment_english(num_frames, tiny_random_whisper
         tiny_random_whisper[False], ENGLISH, text_tokens, mel, num_frames, hf_decode, None
     )
     assert len(actual) == len(expected) > 5
-    for ours, theirs in zip(actual, expected):
+    for ours, theirs in zip(actual, expected, strict=True):
         assert (ours.word, ours.tokens, ours.start, ours.end) == (
             theirs.word, theirs.tokens, theirs.start, theirs.end)
         assert ours.probability == pytest.approx(theirs.probability, rel=1e-6)
@@ -409,7 +409,7 @@ def test_pipeline_matches_find_alignment_chinese(tiny_random_whisper):
         tokenizer.decode_with_timestamps, "zh",
     )
     assert len(actual) == len(expected) > 5
-    for ours, theirs in zip(actual, expected):
+    for ours, theirs in zip(actual, expected, strict=True):
         assert (ours.word, ours.tokens, ours.start, ours.end) == (
             theirs.word, theirs.tokens, theirs.start, theirs.end)
         assert ours.probability == pytest.approx(theirs.probability, rel=1e-6)

@@ -244,7 +244,9 @@ def _decode_with_pyav(opened, name: str, sample_rate: int, bound: _Bound) -> np.
             # A damaged header can claim megahertz rates, which take the resampler
             # seconds to set up for nothing.
             if (stream.rate or 0) > MAX_SOURCE_RATE:
-                raise AudioError(f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz")
+                raise AudioError(
+                    f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz"
+                )
             bound.check_header(_stated_seconds(container, stream))
             return _decode_stream(container, stream, name, sample_rate, bound)
     except AudioError:
@@ -431,7 +433,7 @@ def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.nda
 def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
     speech = speech.copy()
     edges = np.flatnonzero(np.diff(np.concatenate([[1], speech.astype(np.int8), [1]])))
-    for start, end in zip(edges[0::2], edges[1::2]):  # runs of silence [start, end)
+    for start, end in zip(edges[0::2], edges[1::2], strict=True):  # runs of silence [start, end)
         if end - start < min_frames and start > 0 and end < len(speech):
             speech[start:end] = True
     return speech

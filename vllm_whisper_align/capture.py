@@ -155,7 +155,9 @@ class AlignmentCapture:
             slot = self._take_slot()
             if slot is None:
                 # Never raise here: an exception in the step hook kills the engine for everyone.
-                logger.error("No free capture slot for request %s; it gets no word timings", new_request.req_id)
+                logger.error(
+                    "No free capture slot for request %s; it gets no word timings", new_request.req_id
+                )
                 self.parked[params.key] = _Parked(params, None, time.monotonic(), "no free capture slot")
                 continue
             self.tracked[new_request.req_id] = _Tracked(params, slot)
@@ -165,7 +167,7 @@ class AlignmentCapture:
         for req_id in scheduler_output.scheduled_encoder_inputs:
             entry = self.tracked.get(req_id)
             if entry is not None:
-                for layer, k_slots in zip(self.layers, self.k_slots):
+                for layer, k_slots in zip(self.layers, self.k_slots, strict=True):
                     k_slots[entry.slot].copy_(layer.captured_k[row : row + self.encoder_rows])
                 entry.has_keys = True
             row += self.encoder_rows
@@ -185,7 +187,7 @@ class AlignmentCapture:
         device = self.q_slots[0].device
         source_rows = torch.from_numpy(np.concatenate(sources)).to(device, non_blocking=True)
         target_rows = torch.from_numpy(np.concatenate(targets)).to(device, non_blocking=True)
-        for layer, q_slots in zip(self.layers, self.q_slots):
+        for layer, q_slots in zip(self.layers, self.q_slots, strict=True):
             q_slots.index_copy_(0, target_rows, layer.captured_q.index_select(0, source_rows))
 
     def _read_no_speech(self, scheduler_output: Any, batch_req_ids: list[str]) -> None:
@@ -204,7 +206,7 @@ class AlignmentCapture:
         tokens = torch.tensor([p.token for p in done], device=logits.device)
         probs = logits.softmax(dim=-1).gather(1, tokens[:, None])[:, 0].tolist()
         now = time.monotonic()
-        for params, prob in zip(done, probs):
+        for params, prob in zip(done, probs, strict=True):
             self.no_speech_parked[params.key] = (prob, now)
 
     # ---- results -----------------------------------------------------------------------------
@@ -215,7 +217,7 @@ class AlignmentCapture:
         frames = min(params.num_frames // 2, self.encoder_rows)
         base = entry.slot * self.max_decoder_rows
         per_layer = []
-        for q_slots, k_slots in zip(self.q_slots, self.k_slots):
+        for q_slots, k_slots in zip(self.q_slots, self.k_slots, strict=True):
             q = q_slots[base + params.sot_row : base + entry.num_rows].float()
             k = k_slots[entry.slot, :frames].float()
             per_layer.append(torch.einsum("rhd,fhd->hrf", q, k))
@@ -332,7 +334,7 @@ def _step_rows(scheduler_output: Any, batch_req_ids: list[str]) -> Iterator[tupl
 def _num_computed_tokens(scheduler_output: Any) -> dict[str, int]:
     computed = {r.req_id: r.num_computed_tokens for r in scheduler_output.scheduled_new_reqs}
     cached = scheduler_output.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     return computed
 
 

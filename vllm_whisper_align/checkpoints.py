@@ -264,7 +264,7 @@ class _Mapper:
         n = len(dsts)
         if w.shape[0] % n:
             raise ValueError(f"{src}: fused rows {w.shape[0]} not divisible by {n}")
-        for dst, wi, bi in zip(dsts, np.split(w, n), np.split(b, n)):
+        for dst, wi, bi in zip(dsts, np.split(w, n), np.split(b, n), strict=True):
             self.put(f"{dst}.weight", wi)
             if not dst.endswith("k_proj"):
                 self.put(f"{dst}.bias", bi)
@@ -289,7 +289,9 @@ def _check_scalars(m: _Mapper) -> None:
 
 
 def _map_attention_block(m: _Mapper, src: str, dst: str) -> None:
-    m.fused(f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")])
+    m.fused(
+        f"{src}/self_attention/linear_0", [f"{dst}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
+    )
     m.linear(f"{src}/self_attention/linear_1", f"{dst}.self_attn.out_proj")
     m.layer_norm(f"{src}/self_attention/layer_norm", f"{dst}.self_attn_layer_norm")
     m.linear(f"{src}/ffn/linear_0", f"{dst}.fc1")
@@ -454,7 +456,9 @@ def _write_tokenizer(out: Path, tok: dict, ids: dict, multilingual: bool) -> Non
     }
     if multilingual:
         cfg.update(language=None, task="transcribe")
-    (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     special_map = {k: eot for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
     special_map["additional_special_tokens"] = specials
     (out / "special_tokens_map.json").write_text(json.dumps(special_map, indent=2), encoding="utf-8")

@@ -89,7 +89,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=RESPONSE_FORMATS, default="verbose_json")
     lines = parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)")
     lines.add_argument("--max-line-width", type=int, default=None, help="characters in a line")
-    lines.add_argument("--max-line-count", type=int, default=None, help="lines in a cue (with --max-line-width)")
+    lines.add_argument(
+        "--max-line-count", type=int, default=None, help="lines in a cue (with --max-line-width)"
+    )
     lines.add_argument("--max-words-per-line", type=int, default=None, help="words in a line")
     lines.add_argument("--highlight-words", action="store_true", help="a cue per word, the word underlined")
     parser.add_argument("--output-dir", type=Path, default=None, help="write <stem>.<ext> files here")
@@ -280,7 +282,9 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
                 entry = json.loads(line)
                 items.append((str(entry["audio"]), str(entry["text"])))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(f"{args.manifest}:{number}: need {{\"audio\": ..., \"text\": ...}} ({error})")
+                raise ValueError(
+                    f"{args.manifest}:{number}: need {{\"audio\": ..., \"text\": ...}} ({error})"
+                ) from None
         return items
     if args.audio is None:
         raise ValueError("align needs an AUDIO file (or --manifest)")

@@ -277,7 +277,9 @@ def plan_transcription(
         alignment = None
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
         if word_timestamps and can_align(len(chunk.samples)):
-            alignment = AlignmentParams.for_prompt(num_mel_frames(len(chunk.samples)), len(previous), len(start))
+            alignment = AlignmentParams.for_prompt(
+                num_mel_frames(len(chunk.samples)), len(previous), len(start)
+            )
         no_speech = None
         if tokens.no_speech is not None:
             no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
@@ -383,7 +385,8 @@ def plan_alignment(
     duration = len(samples) / SAMPLE_RATE
     if len(samples) > MAX_ALIGNMENT_SECONDS * SAMPLE_RATE:
         raise AlignmentInputError(
-            f"audio is {duration:.1f} s; forced alignment takes one window of at most {MAX_ALIGNMENT_SECONDS} s"
+            f"audio is {duration:.1f} s; forced alignment takes one window of at most "
+            f"{MAX_ALIGNMENT_SECONDS} s"
         )
     if not can_align(len(samples)):
         raise AlignmentInputError(
@@ -398,7 +401,9 @@ def plan_alignment(
             f"fit in Whisper's {MAX_DECODER_TOKENS}-token decoder context"
         )
     alignment = AlignmentParams.for_prompt(num_mel_frames(len(samples)), 0, len(start))
-    sampling = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args())
+    sampling = SamplingParams(
+        temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()
+    )
     window = WindowRequest(samples, 0.0, prompt, sampling, alignment, forced_tokens=text_tokens)
     return Plan([window], duration, language, "align", True)
 

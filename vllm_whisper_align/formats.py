@@ -123,7 +123,9 @@ def write_result(
     return writers[fmt](result)
 
 
-def result_cues(result: Any, granularity: str = "segment", options: SubtitleOptions | None = None) -> list[Cue]:
+def result_cues(
+    result: Any, granularity: str = "segment", options: SubtitleOptions | None = None
+) -> list[Cue]:
     """Subtitle cues for `result`, using whatever timing it has.
 
     With line controls or highlighting (``options``) and words, the cues are laid out as

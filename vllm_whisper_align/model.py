@@ -131,7 +131,9 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         max_tokens = scheduler_config.max_num_batched_tokens
         encoder_rows = config.max_source_positions
         # Whole encoder outputs only: round the encoder budget up to a number of 30 s windows.
-        max_encoder_rows = max(1, -(-scheduler_config.max_num_encoder_input_tokens // encoder_rows)) * encoder_rows
+        max_encoder_rows = (
+            max(1, -(-scheduler_config.max_num_encoder_input_tokens // encoder_rows)) * encoder_rows
+        )
         layers = []
         for layer_index, heads in self.alignment_heads.by_layer().items():
             attention = self.model.decoder.layers[layer_index].encoder_attn

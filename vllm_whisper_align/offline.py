@@ -63,7 +63,8 @@ class WhisperAligner:
         self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
         self.suppress_tokens = decoding.suppressed_tokens(model_config)
         self.language_detection = (
-            decoding.LanguageDetection.for_model(model_config, tokenizer) if self.tokens.is_multilingual else None
+            decoding.LanguageDetection.for_model(model_config, tokenizer)
+            if self.tokens.is_multilingual else None
         )
 
     def close(self) -> None:
@@ -188,10 +189,12 @@ class WhisperAligner:
         self.discard([k for plan, outs in zip(plans, per_plan, strict=True)
                       for k in decoding.dropped_keys(plan, outs)])
         requests = [
-            r for plan, outs in zip(plans, per_plan, strict=True) for r in decoding.alignment_requests(plan, outs)
+            r for plan, outs in zip(plans, per_plan, strict=True)
+            for r in decoding.alignment_requests(plan, outs)
         ]
         fetched = self.fetch(requests)
-        return [results.finish(plan, outs, fetched, self.tokens) for plan, outs in zip(plans, per_plan, strict=True)]
+        return [results.finish(plan, outs, fetched, self.tokens)
+                for plan, outs in zip(plans, per_plan, strict=True)]
 
     def _generate(self, plans, per_plan, pending: list[tuple[int, int]], use_tqdm: bool) -> None:
         """Runs the windows ``pending`` names and stores their outputs in ``per_plan``."""

@@ -56,7 +56,9 @@ class AlignmentParams:
     qk_scale: float = 1.0
 
     @classmethod
-    def for_prompt(cls, num_frames: int, num_previous: int, num_start: int, **options: Any) -> AlignmentParams:
+    def for_prompt(
+        cls, num_frames: int, num_previous: int, num_start: int, **options: Any
+    ) -> AlignmentParams:
         """Rows of a prompt of ``num_previous`` ``<|startofprev|>`` tokens, then ``num_start`` start
         tokens (``<|startoftranscript|>`` … ``<|notimestamps|>``), then the text."""
         return cls(num_frames, sot_row=num_previous, text_row=num_previous + num_start - 1, **options)

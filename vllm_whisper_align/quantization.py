@@ -43,7 +43,9 @@ class Int8DynamicLinear:
         self.handler = ops.create_onednn_scaled_mm(quantized.t(), scale, output_dtype, True, False, 32)
         self.output_dtype = output_dtype
 
-    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def apply(
+        self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         x_q, x_scale, _ = ops.onednn_scaled_int8_quant(x, None, None, True)

@@ -80,7 +80,9 @@ class WhisperTokens:
             english_only_start=tuple(vocab[token] for token in ENGLISH_ONLY_START),
             decode_ids=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             # User text is plain text: "<|endoftext|>" in it is spelled out, never a control token.
-            encode_text=lambda text: tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True),
+            encode_text=lambda text: tokenizer.encode(
+                text, add_special_tokens=False, split_special_tokens=True
+            ),
         )
 
     def check_language(self, language: str | None, task: str = "transcribe") -> None:

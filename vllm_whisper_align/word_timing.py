@@ -96,7 +96,7 @@ def split_tokens_on_spaces(
     words = []
     word_tokens = []
 
-    for subword, subword_tokens in zip(subwords, subword_tokens_list):
+    for subword, subword_tokens in zip(subwords, subword_tokens_list, strict=True):
         special = subword_tokens[0] >= eot
         with_space = subword.startswith(" ")
         punctuation = subword.strip() in string.punctuation
@@ -147,14 +147,14 @@ def word_timings(
     end_times = jump_times[word_boundaries[1:]]
     token_probs = [float(p) for p in token_probs]  # the reference averages Python floats
     word_probabilities = [
-        np.mean(token_probs[i:j]) for i, j in zip(word_boundaries[:-1], word_boundaries[1:])
+        np.mean(token_probs[i:j]) for i, j in zip(word_boundaries[:-1], word_boundaries[1:], strict=False)
     ]
 
     # zip stops at the shortest: the eot group has a word but no end time, so it is left out
     return [
         WordTiming(word, tokens, float(start), float(end), float(probability))
         for word, tokens, start, end, probability in zip(
-            words, word_tokens, start_times, end_times, word_probabilities
+            words, word_tokens, start_times, end_times, word_probabilities, strict=False
         )
     ]
 
@@ -337,7 +337,7 @@ def add_word_timestamps(
     text_token_counts = [sum(1 for t in segment["tokens"] if t < eot) for segment in segments]
     words_per_segment = split_into_segments(alignment, text_token_counts, time_offset)
 
-    for segment, words in zip(segments, words_per_segment):
+    for segment, words in zip(segments, words_per_segment, strict=True):
         segment["start"], segment["end"], last_speech_timestamp = apply_segment_rules(
             words,
             segment["start"],

@@ -1,9 +1,10 @@
-"""faster-whisper (CTranslate2): WhisperModel.transcribe with word_timestamps=True, greedy.
+r"""faster-whisper (CTranslate2): WhisperModel.transcribe with word_timestamps=True, greedy.
 One process per compute type. Each configuration TxW loads the model with cpu_threads=T and
 num_workers=W and runs the files on W threads, as faster-whisper documents for parallel
 transcriptions. Runs in benchmarks/.venvs/faster-whisper.
 
-    python runners/faster_whisper_run.py --manifest M --model CT2_DIR --compute-type int8 --configs 1x1,2x1,1x2 --out OUT.json
+    python runners/faster_whisper_run.py --manifest M --model CT2_DIR --compute-type int8 \
+        --configs 1x1,2x1,1x2 --out OUT.json
 """
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from __future__ import annotations
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib, word_dicts, write_output  # noqa: E402
+from common import (  # noqa: E402
+    RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib,
+    word_dicts, write_output,
+)
 
 
 def main() -> None:
@@ -51,7 +56,7 @@ def main() -> None:
         transcribe(model, shortest(items))  # warm-up
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            files = dict(pool.map(lambda clip_id: transcribe(model, clip_id), [i["id"] for i in items]))
+            files = dict(pool.map(partial(transcribe, model), [i["id"] for i in items]))
         t1 = time.perf_counter()
         del model
         runs.append(run_record(
@@ -60,10 +65,12 @@ def main() -> None:
             mode=f"{workers} client threads, num_workers={workers}, cpu_threads={threads}",
             audio_s=audio_s, wall_s=round(t1 - t0, 3),
             latencies_s=[files[i["id"]]["latency_s"] for i in items],
-            peak_rss_mib=sampler.peak_between(t_load, t1), peak_pss_mib=sampler.peak_between(t_load, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
+            peak_rss_mib=sampler.peak_between(t_load, t1),
+            peak_pss_mib=sampler.peak_between(t_load, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
             files={i["id"]: files[i["id"]] for i in items},
         ))
-        log(f"faster-whisper {args.compute_type} {threads}x{workers}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
+        log(f"faster-whisper {args.compute_type} {threads}x{workers}: "
+            f"{runs[-1]['audio_s_per_wall_s']} audio s/wall s")
     sampler.stop()
     write_output(args.out, "faster-whisper", runs)
 

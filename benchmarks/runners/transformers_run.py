@@ -1,6 +1,7 @@
 """transformers: the ASR pipeline with return_timestamps="word" (cross-attention + DTW in
-generate), fp32 on CPU, chunk_length_s=30, greedy (num_beams=1; the pipeline's default is 5 beams). Concurrency c = the pipeline's batch_size: files are
-handed over c at a time and each file's latency is its group's wall time.
+generate), fp32 on CPU, chunk_length_s=30, greedy (num_beams=1; the pipeline's default is 5 beams).
+Concurrency c = the pipeline's batch_size: files are handed over c at a time and each file's latency
+is its group's wall time.
 Runs in benchmarks/.venvs/transformers.
 
     python runners/transformers_run.py --manifest M --model HF_DIR --batch-sizes 1,8 --out OUT.json
@@ -13,7 +14,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib, write_output  # noqa: E402
+from common import (  # noqa: E402
+    RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib,
+    write_output,
+)
 
 
 def main() -> None:
@@ -41,9 +45,10 @@ def main() -> None:
         generate_kwargs = {"num_beams": 1, "do_sample": False}
         if args.max_new_tokens:
             generate_kwargs["max_new_tokens"] = args.max_new_tokens
-        outputs = pipe(inputs, batch_size=batch_size, return_timestamps="word", generate_kwargs=generate_kwargs)
+        outputs = pipe(inputs, batch_size=batch_size, return_timestamps="word",
+                       generate_kwargs=generate_kwargs)
         out = {}
-        for clip_id, result in zip(ids, outputs):
+        for clip_id, result in zip(ids, outputs, strict=True):
             words = []
             for chunk in result.get("chunks") or []:
                 start, end = chunk["timestamp"]
@@ -65,9 +70,11 @@ def main() -> None:
         t1 = time.perf_counter()
         runs.append(run_record(
             system="transformers", model=args.model_name, precision="float32", concurrency=level,
-            mode=f"pipeline batch_size={level}, chunk_length_s=30, greedy, max_new_tokens={args.max_new_tokens or 'pipeline default (256)'}",
+            mode=f"pipeline batch_size={level}, chunk_length_s=30, greedy, "
+                 f"max_new_tokens={args.max_new_tokens or 'pipeline default (256)'}",
             audio_s=audio_s, wall_s=round(t1 - t0, 3), latencies_s=[round(x, 4) for x in latencies],
-            peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
+            peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"),
+            maxrss_self_mib=self_maxrss_mib(),
             threads=torch.get_num_threads(), transformers=transformers.__version__, files=files,
         ))
         log(f"transformers batch={level}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")

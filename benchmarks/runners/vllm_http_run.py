@@ -1,10 +1,11 @@
-"""This project over HTTP: `vllm-whisper-align serve` in a subprocess, every clip sent with the
+r"""This project over HTTP: `vllm-whisper-align serve` in a subprocess, every clip sent with the
 official `openai` AsyncOpenAI client at each concurrency (a semaphore), verbose_json with word
 timestamps; then one pass with word timestamps off (response_format=json). Latency is per request,
 from send to response. Peak memory is the RSS of the server's process tree (API server + engine
 core), sampled every 0.2 s from its start to the end of each pass. Runs in the project's .venv.
 
-    .venv/bin/python benchmarks/runners/vllm_http_run.py --manifest M --dtype float32 --concurrency 1,8,32 --out OUT.json
+    .venv/bin/python benchmarks/runners/vllm_http_run.py --manifest M --dtype float32 \
+        --concurrency 1,8,32 --out OUT.json
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    DEFAULT_VARIANT, RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label, run_record,
-    tree_memory, word_dicts, write_output,
+    DEFAULT_VARIANT, RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label,
+    run_record, tree_memory, word_dicts, write_output,
 )
 
 
@@ -33,7 +34,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path) -> subprocess.Popen:
+def start_server(
+    model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path
+) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "vllm-whisper-align"
     dtype, additional_config = engine_variant(variant)
     # Everything else (KV cache size, served name, thread binding) is serve's own default.
@@ -120,7 +123,8 @@ async def capture_stats(base: str) -> dict:
 def main() -> None:
     parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--off-concurrency", type=int, default=None, help="default: the highest --concurrency")
+    parser.add_argument("--off-concurrency", type=int, default=None,
+                        help="default: the highest --concurrency")
     parser.add_argument("--log", default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -161,10 +165,12 @@ def main() -> None:
                 t_end = time.perf_counter()
                 runs.append(run_record(
                     system="vllm-whisper-align (HTTP)", model=args.model_name, precision=precision,
-                    concurrency=level, mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
+                    concurrency=level,
+                    mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
                     word_timestamps=flag, audio_s=audio_s, wall_s=round(wall, 3),
                     latencies_s=[files[i["id"]]["latency_s"] for i in items],
-                    peak_rss_mib=sampler.peak_between(0, t_end), peak_pss_mib=sampler.peak_between(0, t_end, "pss"), startup_s=round(startup_s, 1),
+                    peak_rss_mib=sampler.peak_between(0, t_end),
+                    peak_pss_mib=sampler.peak_between(0, t_end, "pss"), startup_s=round(startup_s, 1),
                     files={i["id"]: files[i["id"]] for i in items},
                 ))
                 log(f"http {args.dtype} c={level} timestamps={'on' if flag else 'off'}: "
@@ -175,11 +181,14 @@ def main() -> None:
     finally:
         sampler.stop()
         stop_server(proc)
-    on = next(r for r in runs if r["word_timestamps"] and r["concurrency"] == off_level) if off_level in levels else None
+    on = (next(r for r in runs if r["word_timestamps"] and r["concurrency"] == off_level)
+          if off_level in levels else None)
     off = next(r for r in runs if not r["word_timestamps"])
     overhead = None
     if on:
-        overhead = round(100 * (off["audio_s_per_wall_s"] - on["audio_s_per_wall_s"]) / off["audio_s_per_wall_s"], 2)
+        overhead = round(
+            100 * (off["audio_s_per_wall_s"] - on["audio_s_per_wall_s"]) / off["audio_s_per_wall_s"], 2
+        )
     write_output(args.out, "vllm-whisper-align (HTTP)", runs, overhead_pct=overhead, after_warm_up=idle)
 
 

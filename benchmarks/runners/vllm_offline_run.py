@@ -1,9 +1,10 @@
-"""This project, offline: WhisperAligner (vllm.LLM) given every clip at once, max_num_seqs requests in
+r"""This project, offline: WhisperAligner (vllm.LLM) given every clip at once, max_num_seqs requests in
 flight. Same engine, same clips, word timestamps off and on in alternating rounds (so drift in machine
 load hits both alike); the medians give the throughput of each and the overhead of turning them on.
 Runs in the project's .venv.
 
-    .venv/bin/python benchmarks/runners/vllm_offline_run.py --manifest M --dtype float32 --rounds 3 --out OUT.json
+    .venv/bin/python benchmarks/runners/vllm_offline_run.py --manifest M --dtype float32 --rounds 3 \
+        --out OUT.json
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, engine_variant, runner_parser, load_manifest, load_wav, log, precision_label, run_record, write_output,
+    RssSampler, engine_variant, runner_parser, load_manifest, load_wav, log, precision_label, run_record,
+    write_output,
 )  # noqa: E402
 
 
@@ -55,24 +57,28 @@ def main() -> None:
             wall, results = run(flag)
             walls[flag].append(wall)
             last[flag] = results
-            log(f"offline {args.dtype} timestamps={'on' if flag else 'off'}: {audio_s / wall:.2f} audio s/wall s")
-    t_end = time.perf_counter()
+            log(f"offline {args.dtype} timestamps={'on' if flag else 'off'}: "
+                f"{audio_s / wall:.2f} audio s/wall s")
     sampler.stop()
-    dtype = precision_label(str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", ""), additional_config)
+    dtype = precision_label(
+        str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", ""), additional_config
+    )
     runs = []
     for flag in (True, False):
         files = {
             item["id"]: {"text": r.get("text", ""), "words": [
                 {k: w.get(k) for k in ("word", "start", "end", "probability")} for w in r.get("words") or []
             ]}
-            for item, r in zip(items, last[flag])
+            for item, r in zip(items, last[flag], strict=True)
         }
         median = statistics.median(walls[flag])
         runs.append(run_record(
             system="vllm-whisper-align (offline)", model=args.model_name, precision=dtype,
-            concurrency=args.max_num_seqs, mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
+            concurrency=args.max_num_seqs,
+            mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
             word_timestamps=flag, audio_s=audio_s, wall_s=round(median, 3),
-            round_walls_s=[round(w, 3) for w in walls[flag]], peak_rss_mib=sampler.peak(), peak_pss_mib=sampler.peak("pss"),
+            round_walls_s=[round(w, 3) for w in walls[flag]],
+            peak_rss_mib=sampler.peak(), peak_pss_mib=sampler.peak("pss"),
             startup_s=round(startup_s, 1), files=files,
         ))
     on, off = statistics.median(walls[True]), statistics.median(walls[False])

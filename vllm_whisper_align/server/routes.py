@@ -50,7 +50,11 @@ FALLBACK_FIELDS = ("compression_ratio_threshold", "logprob_threshold", "no_speec
 
 def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
     """OpenAPI request body for a multipart form with a required audio ``file``."""
-    schema = {"type": "object", "required": ["file"], "properties": {"file": {"type": "string", "format": "binary"}, **properties}}
+    schema = {
+        "type": "object",
+        "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary"}, **properties},
+    }
     return {"requestBody": {"content": {"multipart/form-data": {"schema": schema}}}}
 
 
@@ -210,7 +214,9 @@ def _subtitle_options(form: Any) -> SubtitleOptions:
             try:
                 values[name] = int(raw)
             except ValueError:
-                raise RequestError(f"`{name}` must be a positive whole number; got {echo(raw)}", name) from None
+                raise RequestError(
+                    f"`{name}` must be a positive whole number; got {echo(raw)}", name
+                ) from None
     values["highlight_words"] = _flag(form, "highlight_words")
     try:
         return SubtitleOptions(**values)
@@ -367,7 +373,9 @@ def _token_ids(raw: str | None) -> list[int] | None:
 
 
 
-async def _stream_with_vllm(raw_request: Request, service: AlignmentService, form: Any, task: str) -> Response:
+async def _stream_with_vllm(
+    raw_request: Request, service: AlignmentService, form: Any, task: str
+) -> Response:
     """Streaming without timestamps is vLLM's own handler, as without this plugin, except that
     languages this model cannot transcribe are refused first, and an English-only model is told its
     language (vLLM would try to detect one, and fail)."""
@@ -383,7 +391,10 @@ async def _stream_with_vllm(raw_request: Request, service: AlignmentService, for
         raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
     fields = {name: value for name, value in form.multi_items() if name != "file"}
     if any(isinstance(value, UploadFile) for value in fields.values()):
-        raise RequestError("only `file` may be a file part", next(n for n, v in fields.items() if isinstance(v, UploadFile)))
+        raise RequestError(
+            "only `file` may be a file part",
+            next(n for n, v in fields.items() if isinstance(v, UploadFile)),
+        )
     language = service.checked_language(fields.get("language") or None, task)
     if language is None and service.tokens.is_english_only:
         fields["language"] = "en"

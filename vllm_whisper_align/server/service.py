@@ -46,7 +46,9 @@ class RequestError(Exception):
     def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
         message = " ".join(message.split())
-        self.message = message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 1] + "…"
+        if len(message) > MAX_MESSAGE_CHARS:
+            message = message[: MAX_MESSAGE_CHARS - 1] + "…"
+        self.message = message
         self.param = param
         self.status = status
 
@@ -77,13 +79,16 @@ class AlignmentService:
         self.suppress_tokens = decoding.suppressed_tokens(model_config)
         self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
         self.language_detection = (
-            decoding.LanguageDetection.for_model(model_config, tokenizer) if self.tokens.is_multilingual else None
+            decoding.LanguageDetection.for_model(model_config, tokenizer)
+            if self.tokens.is_multilingual else None
         )
         self.served_model_names = served_model_names
         self.limits = limits
 
     @classmethod
-    async def create(cls, engine_client, served_model_names: list[str], limits: ServiceLimits) -> AlignmentService:
+    async def create(
+        cls, engine_client, served_model_names: list[str], limits: ServiceLimits
+    ) -> AlignmentService:
         tokenizer = engine_client.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
@@ -164,8 +169,8 @@ class AlignmentService:
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
         prompt, params = self.language_detection.request(samples)
         final = None
-        async for final in self.engine_client.generate(prompt, params, request_id):
-            pass
+        async for output in self.engine_client.generate(prompt, params, request_id):
+            final = output
         return self.language_detection.language(final.outputs[0].token_ids)
 
     async def _run(self, plan: decoding.Plan, request_id: str) -> dict[str, Any]:
@@ -200,8 +205,10 @@ class AlignmentService:
 
     async def _generate(self, window: decoding.WindowRequest, request_id: str) -> Any:
         final = None
-        async for final in self.engine_client.generate(window.engine_prompt(), window.sampling_params, request_id):
-            pass
+        async for output in self.engine_client.generate(
+            window.engine_prompt(), window.sampling_params, request_id
+        ):
+            final = output
         return final
 
     # ---- worker RPCs -------------------------------------------------------------------------
@@ -246,5 +253,7 @@ class AlignmentService:
             return await collective_rpc_every_engine(self.engine_client, method, args)
         except Exception as error:
             if NO_CAPTURE_MESSAGE in str(error):
-                raise RequestError(f"word timestamps are unavailable: {NO_CAPTURE_MESSAGE}", "model") from None
+                raise RequestError(
+                    f"word timestamps are unavailable: {NO_CAPTURE_MESSAGE}", "model"
+                ) from None
             raise
