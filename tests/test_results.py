@@ -70,10 +70,21 @@ def test_forced_alignment_of_too_short_audio_is_refused(tokens, num_samples):
 
 def test_times_stay_inside_the_window_whatever_the_matrix(tokens):
     """A NaN matrix (the z-score of a single frame) sends DTW's path off the matrix's edge,
-    which gave times of -0.02 s."""
-    plan = decoding.plan_transcription(noise(2000), tokens, language="en")
+    which gave times of -0.02 s. Forced alignment, whose words are never dropped as instantaneous."""
+    plan = decoding.plan_alignment(noise(2000), tokens, text=TEXT)
     [window] = plan.windows
     rows = window.alignment.rows_sent(len(tokens.encode(TEXT)))
     result = answered(plan, tokens, cross_qk=np.full((1, rows, 6), np.nan, dtype=np.float32))
     times = all_times(result)
-    assert result["words"] and min(times) >= 0 and max(times) <= 2000 / SAMPLE_RATE
+    assert [w["word"] for w in result["words"]] == [" Hello", " there."]
+    assert min(times) >= 0 and max(times) <= 2000 / SAMPLE_RATE
+
+
+def test_an_instantaneous_transcribed_segment_is_dropped_as_the_reference_does(tokens):
+    """openai-whisper's transcribe clears a segment whose words take no time (text DTW could only
+    squeeze into one instant: typically invented at a window's end)."""
+    plan = decoding.plan_transcription(noise(2000), tokens, language="en")
+    [window] = plan.windows
+    rows = window.alignment.rows_sent(len(tokens.encode(TEXT)))
+    result = answered(plan, tokens, cross_qk=np.full((1, rows, 6), np.nan, dtype=np.float32))
+    assert result["words"] == [] and result["segments"] == [] and result["text"] == ""

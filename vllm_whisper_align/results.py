@@ -143,8 +143,8 @@ def window_segments(
     """One window's text cut into segments at sentence ends and pauses (one segment without words),
     and the slice of the window's text tokens each segment holds.
 
-    As openai-whisper's transcribe, a segment whose words take no time at all is dropped: DTW
-    squeezes text that is not in the audio (typically invented at a window's end) into one instant.
+    As openai-whisper's transcribe, a transcribed segment whose words take no time at all is dropped:
+    DTW squeezes text that is not in the audio (typically invented at a window's end) into one instant.
     """
     if not words:
         end = window.offset + window.duration
@@ -157,7 +157,8 @@ def window_segments(
         count = sum(len(w.tokens) for w in group)
         piece = slice(position, position + count)
         position += count
-        if group[0].start == group[-1].end:  # the reference's "instantaneous" segment
+        # The reference's "instantaneous" segment; given text (forced alignment) is never dropped.
+        if group[0].start == group[-1].end and window.forced_tokens is None:
             continue
         segments.append(make_segment(
             window, output, output.token_ids[piece], output.token_logprobs[piece],
