@@ -8,7 +8,12 @@ import torch
 import whisper
 from whisper.timing import find_alignment
 
-from vllm_whisper_align.decoding import AlignmentInputError, plan_transcription
+from vllm_whisper_align.decoding import AlignmentInputError, FallbackOptions, plan_transcription
+
+
+# The capture's tests decode greedily (no temperature fallback): their subject is where the words
+# are, and the same text alone and in any batch. The fallback has tests of its own below.
+GREEDY = {"compression_ratio_threshold": None, "logprob_threshold": None}
 
 
 def word_starts(result) -> np.ndarray:
@@ -67,7 +72,7 @@ def test_transcription_word_starts_near_truth(aligner, clips):
     """>= 75% of word starts within 200 ms of where espeak-ng really spoke them."""
     from speech import start_errors
 
-    results = aligner.transcribe([c.samples for c in clips], word_timestamps=True)
+    results = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
     errors = np.concatenate([
         start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)
     ])
@@ -76,7 +81,7 @@ def test_transcription_word_starts_near_truth(aligner, clips):
 
 def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
     """Transcription lacks the reference's eot row in the normalisation; measure what that costs."""
-    transcribed = aligner.transcribe([c.samples for c in clips], word_timestamps=True)
+    transcribed = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
     token_ids = [[t["id"] for t in r["tokens"]] for r in transcribed]
     forced = aligner.align([c.samples for c in clips], token_ids=token_ids)
     diffs = np.concatenate([
@@ -90,9 +95,9 @@ def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
 def test_batched_requests_match_each_alone(aligner, clips):
     """N different clips in one continuous batch, word timestamps on for some and off for others."""
     samples = [c.samples for c in clips]
-    alone = [aligner.transcribe([s], word_timestamps=True)[0] for s in samples[:4]]
-    batch = aligner.transcribe(samples, word_timestamps=True)
-    plain = aligner.transcribe(samples, word_timestamps=False)
+    alone = [aligner.transcribe([s], word_timestamps=True, **GREEDY)[0] for s in samples[:4]]
+    batch = aligner.transcribe(samples, word_timestamps=True, **GREEDY)
+    plain = aligner.transcribe(samples, word_timestamps=False, **GREEDY)
     for single, together in zip(alone, batch[:4], strict=True):
         assert single["text"] == together["text"]
         np.testing.assert_allclose(word_starts(single), word_starts(together), atol=0.02 + 1e-6)
@@ -106,11 +111,11 @@ def test_mixed_alignment_in_one_generate_call(aligner, clips):
     """One generate() call where half the requests ask for alignment and half do not."""
     plans = [
         plan_transcription(c.samples, aligner.tokens, language="en", word_timestamps=i % 2 == 0,
-                           suppress_tokens=aligner.suppress_tokens)
+                           suppress_tokens=aligner.suppress_tokens, fallback=FallbackOptions(**GREEDY))
         for i, c in enumerate(clips)
     ]
     results = aligner._run(plans, use_tqdm=False)
-    alone = aligner.transcribe([clips[0].samples, clips[2].samples], word_timestamps=True)
+    alone = aligner.transcribe([clips[0].samples, clips[2].samples], word_timestamps=True, **GREEDY)
     for result, single in zip([results[0], results[2]], alone, strict=True):
         np.testing.assert_allclose(word_starts(result), word_starts(single), atol=0.02 + 1e-6)
     assert all("words" not in r for r in results[1::2])
@@ -124,7 +129,7 @@ def test_more_requests_than_max_num_seqs(aligner, clips):
     max_num_seqs = aligner.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
     repeats = -(-3 * max_num_seqs // len(clips))
     samples = [c.samples for c in clips] * repeats
-    results = aligner.transcribe(samples, word_timestamps=True)
+    results = aligner.transcribe(samples, word_timestamps=True, **GREEDY)
     assert len(samples) > 2 * max_num_seqs
     for i, result in enumerate(results):
         first = results[i % len(clips)]
@@ -139,7 +144,7 @@ def test_long_audio_has_absolute_monotonic_times(aligner):
     from speech import long_clip, start_errors
 
     clip = long_clip(65.0)
-    result = aligner.transcribe([clip.samples], word_timestamps=True)[0]
+    result = aligner.transcribe([clip.samples], word_timestamps=True, **GREEDY)[0]
     starts = word_starts(result)
     assert result["duration"] > 60
     assert starts[-1] > 55, "words after the first window carry absolute times"
@@ -154,11 +159,12 @@ def test_store_is_empty_after_requests_and_aborts(aligner, clips):
     """Aborted requests free their slots; unfetched results wait until discarded; fetched ones are gone.
     (Expiry after the TTL is covered without an engine in tests/test_capture.py.)"""
     engine = aligner.llm.llm_engine
-    keys = []
+    keys, no_speech_keys = [], []
     for i, clip in enumerate(clips * 2):
         plan = plan_transcription(clip.samples, aligner.tokens, language="en")
         window = plan.windows[0]
         keys.append(window.alignment.key)
+        no_speech_keys.append(window.no_speech.key)
         engine.add_request(f"abort-{i}", window.engine_prompt(), window.sampling_params)
     for _ in range(3):
         engine.step()
@@ -169,7 +175,8 @@ def test_store_is_empty_after_requests_and_aborts(aligner, clips):
     assert stats["tracked"] == 0 and stats["free_slots"] == stats["slots"], stats
     # Every finished request waits for its fetch; so do aborted ones the worker had started.
     assert len(keys) // 2 <= stats["parked"] <= len(keys), stats
-    assert aligner.discard(keys) == stats["parked"]
+    # The no-speech probabilities of the requests that got that far wait too.
+    assert aligner.discard(keys + no_speech_keys) == stats["parked"] + stats["no_speech_parked"]
     stats = aligner.capture_stats()
     assert stats["parked"] == 0 and stats["parked_bytes"] == 0, stats
     # And after a normal round everything fetched is freed at once.

@@ -47,6 +47,8 @@ MAX_TEMPERATURE = 1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
+# Seed of a window's first sampled attempt when the caller gives none (see _at_temperature).
+FALLBACK_SEED = 0
 
 
 class AlignmentInputError(ValueError):
@@ -299,8 +301,13 @@ def _at_temperature(window: WindowRequest, attempt: int, temperature: float) -> 
     capture apart, so a superseded one can be discarded while its successor runs."""
     alignment = window.alignment and replace(window.alignment, key=new_alignment_key())
     no_speech = window.no_speech and replace(window.no_speech, key=new_alignment_key())
+    options = window.sampling_options
+    if temperature > 0 and options.get("seed") is None:
+        # Sampled attempts are reproducible (the same input gives the same text, alone or in any
+        # batch: vLLM seeds each request's own generator) unless the caller gives a seed.
+        options = {**options, "seed": FALLBACK_SEED + attempt}
     sampling_params = transcription_sampling(
-        window.sampling_options, window.suppress_tokens, window.max_text_tokens,
+        options, window.suppress_tokens, window.max_text_tokens,
         len(window.prompt_token_ids), alignment, no_speech, temperature,
     )
     return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech,
