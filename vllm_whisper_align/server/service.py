@@ -189,6 +189,8 @@ class AlignmentService:
             # The client went away: stop its engine requests and drop what was captured for them.
             keys = [key for window in plan.windows for key in window.capture_keys()]
             await asyncio.gather(self.engine_client.abort(ids), self.discard(keys), return_exceptions=True)
+            logger.info("%s: the client went away; aborted its %d engine requests and dropped their captures",
+                        request_id, len(ids))
             raise
         # Normalisation and DTW (numba, GIL released) off the event loop.
         return await asyncio.to_thread(results.finish, plan, outputs, fetched, self.tokens)
