@@ -43,6 +43,24 @@ def test_words_match_their_heard_windows():
         assert set(range(20 * window, 20 * window + 20)) <= set(split.share(window))
 
 
+def test_repeated_text_keeps_each_repetition_in_its_window():
+    """The same sentences over and over (as tests/speech.py's long clips), heard with a few errors: a
+    greedy longest-block matcher pairs a repetition with the next one and shifts everything after it."""
+    sentences = ["the cat sat on the warm mat", "please bring me a glass of cold water",
+                 "we walked to the park after lunch", "the train leaves at seven in the morning"]
+    text = " ".join(sentences * 6).split()
+    rng = np.random.default_rng(3)
+    per_window = 40
+    heard = []
+    for start in range(0, len(text), per_window):
+        window = [w for w in text[start : start + per_window] if rng.random() > 0.15]  # 15% not heard
+        heard.append([normalise(w if rng.random() > 0.1 else "uh") for w in window])
+    split = longform.split_text(words_of(" ".join(text)), heard)
+    assert split.aligned.all()
+    owner = owners_by_estimate(split)
+    assert (owner == np.arange(len(text)) // per_window).mean() > 0.97
+
+
 def test_case_and_punctuation_do_not_matter():
     given = words_of("Hello, World! THE end.")
     split = longform.split_text(given, heard_of("hello world", "the end"))

@@ -6,11 +6,11 @@ two engine passes, each a batch of all windows:
 
 1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
    ``audio.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
-2. :func:`split_text`: the given words are matched to the heard words (normalised, ``difflib``); a
-   matched word belongs to its heard word's window. Between two matches the unmatched given words
-   are spread over the windows of the unmatched heard words between them, in proportion. Words near
-   a window boundary whose side is uncertain (a *zone*) go into both windows. A long run of given
-   words with hardly any heard counterpart is text that is not in the audio: it is aligned nowhere.
+2. :func:`split_text`: the given words are matched to the heard words (normalised, minimum edit
+   distance); a matched word belongs to its heard word's window. Between two matches the unmatched
+   given words are spread over the windows of the unmatched heard words between them, in proportion.
+   Words near a window boundary whose side is uncertain (a *zone*) go into both windows. A long run of
+   given words with hardly any heard counterpart is text that is not in the audio: aligned nowhere.
 3. :func:`alignment_plans`: each window's share of the text, teacher-forced on that window
    (``decoding.plan_alignment``, its offset added).
 4. :func:`finish`: each zone is cut where the two windows' teacher-forced log-probabilities of its
@@ -24,7 +24,6 @@ Engine-agnostic: this module builds decoding Plans and reads the verbose_json bo
 
 from __future__ import annotations
 
-import difflib
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -96,29 +95,94 @@ def heard_keys(text: str, tokens: WhisperTokens, language: str) -> list[str]:
 
 
 def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (given, heard) of matched words, increasing in both.
+    """Indices (given, heard) of matched words, increasing in both: the equal pairs of a minimum
+    edit-distance alignment (:func:`edit_path`), less lone matches that would split a skipped run.
 
-    ``difflib`` with its autojunk: words over 1% of a long hypothesis cannot start a match but
-    extend one (30k words match in under a second; without autojunk, ten times slower)."""
-    # Words that normalise to nothing (a lone dash) never match.
-    given = [k or ("\0g", i) for i, k in enumerate(given)]
-    heard = [k or ("\0h", j) for j, k in enumerate(heard)]
-    blocks = [b for b in difflib.SequenceMatcher(None, given, heard).get_matching_blocks() if b.size]
-    kept = [b for k, b in enumerate(blocks) if b.size > 1 or _balanced(blocks, k, len(given), len(heard))]
-    ai = np.array([b.a + d for b in kept for d in range(b.size)], dtype=np.int64)
-    aj = np.array([b.b + d for b in kept for d in range(b.size)], dtype=np.int64)
+    A global minimum, not the longest common blocks first: transcripts repeat phrases, and a greedy
+    block matcher pairs a phrase with the wrong repetition, shifting everything after it."""
+    vocabulary: dict[str, int] = {}
+    # Words that normalise to nothing (a lone dash) never match: each gets its own negative id.
+    given_ids = np.array(
+        [vocabulary.setdefault(k, len(vocabulary)) if k else -1 - i for i, k in enumerate(given)], dtype=np.int64
+    )
+    heard_ids = np.array([vocabulary.get(k, -1) if k else -1 for k in heard], dtype=np.int64)
+    heard_ids[heard_ids < 0] = -(len(given) + 1)  # unknown to the text: equal to no given word
+    pairs = edit_path(given_ids, heard_ids)
+    equal = pairs[given_ids[pairs[:, 0]] == heard_ids[pairs[:, 1]]] if len(pairs) else pairs
+    blocks = _blocks(equal)
+    kept = [b for k, b in enumerate(blocks) if b[2] > 1 or _balanced(blocks, k, len(given), len(heard))]
+    ai = np.array([b[0] + d for b in kept for d in range(b[2])], dtype=np.int64)
+    aj = np.array([b[1] + d for b in kept for d in range(b[2])], dtype=np.int64)
     return ai, aj
 
 
-def _balanced(blocks: list, k: int, num_given: int, num_heard: int) -> bool:
-    block = blocks[k]
+# Rows of the edit-distance table kept between recomputations: memory is about
+# (len(given) / EDIT_CHECKPOINT_ROWS + EDIT_CHECKPOINT_ROWS) rows of len(heard) + 1 int32.
+EDIT_CHECKPOINT_ROWS = 128
+
+
+def edit_path(given: np.ndarray, heard: np.ndarray) -> np.ndarray:
+    """(i, j) pairs of a minimum Levenshtein alignment (unit costs) of two id sequences: equal and
+    substituted pairs, in order. One NumPy pass per row; rows are kept every EDIT_CHECKPOINT_ROWS and
+    recomputed for the walk back, so memory stays linear (30k x 30k words: two passes, no table)."""
+    if len(given) == 0 or len(heard) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    checkpoints = {0: np.arange(len(heard) + 1, dtype=np.int32)}
+    row = checkpoints[0]
+    for i in range(1, len(given) + 1):
+        row = _edit_row(row, given[i - 1], heard, i)
+        if i % EDIT_CHECKPOINT_ROWS == 0:
+            checkpoints[i] = row
+    pairs = []
+    i, j = len(given), len(heard)
+    while i > 0 and j > 0:
+        base = (i - 1) // EDIT_CHECKPOINT_ROWS * EDIT_CHECKPOINT_ROWS
+        rows = [checkpoints[base]]
+        for k in range(base + 1, i + 1):
+            rows.append(_edit_row(rows[-1], given[k - 1], heard, k))
+        while i > base and j > 0:
+            current, previous = rows[i - base], rows[i - base - 1]
+            substitute = previous[j - 1] + (given[i - 1] != heard[j - 1])
+            if current[j] == substitute:
+                pairs.append((i - 1, j - 1))
+                i, j = i - 1, j - 1
+            elif current[j] == previous[j] + 1:
+                i -= 1
+            else:
+                j -= 1
+    return np.array(pairs[::-1], dtype=np.int64).reshape(-1, 2)
+
+
+def _edit_row(previous: np.ndarray, word: int, heard: np.ndarray, i: int) -> np.ndarray:
+    """Row i of the edit-distance table from row i - 1: substitute or delete, then insert along the row
+    (a running minimum of cost - j, plus j)."""
+    candidate = np.empty_like(previous)
+    candidate[0] = i
+    candidate[1:] = np.minimum(previous[:-1] + (heard != word), previous[1:] + 1)
+    steps = np.arange(len(previous), dtype=np.int32)
+    return np.minimum.accumulate(candidate - steps) + steps
+
+
+def _blocks(pairs: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of consecutive equal pairs as (given start, heard start, size)."""
+    if len(pairs) == 0:
+        return []
+    breaks = np.flatnonzero(np.any(np.diff(pairs, axis=0) != 1, axis=1)) + 1
+    starts = np.concatenate([[0], breaks])
+    sizes = np.diff(np.concatenate([starts, [len(pairs)]]))
+    return [(int(pairs[s, 0]), int(pairs[s, 1]), int(n)) for s, n in zip(starts, sizes)]
+
+
+def _balanced(blocks: list[tuple[int, int, int]], k: int, num_given: int, num_heard: int) -> bool:
+    given_at, heard_at, size = blocks[k]
     before = blocks[k - 1] if k else None
     after = blocks[k + 1] if k + 1 < len(blocks) else None
-    given_before = block.a - (before.a + before.size if before else 0)
-    heard_before = block.b - (before.b + before.size if before else 0)
-    given_after = (after.a if after else num_given) - block.a - 1
-    heard_after = (after.b if after else num_heard) - block.b - 1
-    return max(abs(given_before - heard_before), abs(given_after - heard_after)) <= LONE_MATCH_MAX_IMBALANCE
+    given_before = given_at - (before[0] + before[2] if before else 0)
+    heard_before = heard_at - (before[1] + before[2] if before else 0)
+    given_after = (after[0] if after else num_given) - given_at - size
+    heard_after = (after[1] if after else num_heard) - heard_at - size
+    imbalance = max(abs(given_before - heard_before), abs(given_after - heard_after))
+    return imbalance <= LONE_MATCH_MAX_IMBALANCE
 
 
 def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray) -> np.ndarray:
