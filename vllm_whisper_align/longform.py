@@ -40,6 +40,11 @@ from vllm_whisper_align.tokenizer import WhisperTokens
 # Shorter runs are misheard words: forcing them costs their neighbours little.
 SKIP_MIN_WORDS = 10
 SKIP_MAX_HEARD = 0.25
+# Runs of at least this many consecutive matches bound text that is not in the audio.
+SOLID_MATCH_WORDS = 3
+# Inside such bounds, the text not in the audio is the stretch with most unmatched words, less this
+# many per (chance) match.
+MATCH_WEIGHT = 2.0
 # A single-word match is kept as an anchor only if the runs on both sides of it differ by at most
 # this many words between text and hypothesis: a lone "the" inside a skipped paragraph must not split it.
 LONE_MATCH_MAX_IMBALANCE = 2
@@ -111,8 +116,12 @@ def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.
     equal = pairs[given_ids[pairs[:, 0]] == heard_ids[pairs[:, 1]]] if len(pairs) else pairs
     blocks = _blocks(equal)
     kept = [b for k, b in enumerate(blocks) if b[2] > 1 or _balanced(blocks, k, len(given), len(heard))]
-    ai = np.array([b[0] + d for b in kept for d in range(b[2])], dtype=np.int64)
-    aj = np.array([b[1] + d for b in kept for d in range(b[2])], dtype=np.int64)
+    return _pairs(kept)
+
+
+def _pairs(blocks: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    ai = np.array([b[0] + d for b in blocks for d in range(b[2])], dtype=np.int64)
+    aj = np.array([b[1] + d for b in blocks for d in range(b[2])], dtype=np.int64)
     return ai, aj
 
 
@@ -186,16 +195,39 @@ def _balanced(blocks: list[tuple[int, int, int]], k: int, num_given: int, num_he
 
 
 def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray) -> np.ndarray:
-    """Per given word: True inside a run of SKIP_MIN_WORDS or more unmatched words against which the
-    model heard at most SKIP_MAX_HEARD as many."""
+    """Per given word: True inside a run of SKIP_MIN_WORDS or more words between two runs of
+    SOLID_MATCH_WORDS matches, against which the model heard at most SKIP_MAX_HEARD as many.
+
+    Only solid runs bound it: the edit-distance path threads a skipped paragraph's common words
+    ("the", "of the") through the heard words around it, which would cut it into short runs."""
+    matched = np.zeros(num_given, dtype=bool)
+    matched[ai] = True
+    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
+    ai, aj = _pairs(solid)
     bounds_given = np.concatenate([[-1], ai, [num_given]])
     bounds_heard = np.concatenate([[-1], aj, [num_heard]])
     run_given = np.diff(bounds_given) - 1
     run_heard = np.diff(bounds_heard) - 1
     skipped = np.zeros(num_given, dtype=bool)
     for k in np.flatnonzero((run_given >= SKIP_MIN_WORDS) & (run_heard <= SKIP_MAX_HEARD * run_given)):
-        skipped[bounds_given[k] + 1 : bounds_given[k + 1]] = True
+        lo, hi = _least_matched(matched[bounds_given[k] + 1 : bounds_given[k + 1]])
+        if hi - lo >= SKIP_MIN_WORDS:
+            skipped[bounds_given[k] + 1 + lo : bounds_given[k] + 1 + hi] = True
     return skipped
+
+
+def _least_matched(matched: np.ndarray) -> tuple[int, int]:
+    """[lo, hi) of the stretch of a run with the most unmatched words less MATCH_WEIGHT per match
+    (maximum subarray): the spoken words misheard at its edges stay out of it."""
+    scores = np.where(matched, -MATCH_WEIGHT, 1.0)
+    best, best_range, total, start = 0.0, (0, 0), 0.0, 0
+    for index, score in enumerate(scores):
+        if total <= 0:
+            total, start = 0.0, index
+        total += score
+        if total > best:
+            best, best_range = total, (start, index + 1)
+    return best_range
 
 
 # ---------------------------------------------------------------------------- splitting
@@ -231,6 +263,7 @@ def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
     heard_window = np.repeat(np.arange(num_windows), [len(keys) for keys in heard])
     ai, aj = anchors([w.key for w in words], heard_all)
     aligned = ~not_in_audio(len(words), len(heard_all), ai, aj)
+    ai, aj = ai[aligned[ai]], aj[aligned[ai]]  # matches inside text not in the audio are chance
     first_heard = np.searchsorted(heard_window, np.arange(num_windows + 1))  # per window; M at the end
     anchor_window = heard_window[aj]
     active = np.flatnonzero(aligned)
