@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.add_argument("--prompt", default=None, help="text to condition the decoder on")
 
     align = commands.add_parser("align", help="forced alignment of known text to audio")
-    align.add_argument("audio", nargs="?", help="one audio file (≤ 30 s)")
+    align.add_argument("audio", nargs="?", help="one audio file, any length")
     source = align.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the text spoken in AUDIO")
     source.add_argument("--text-file", type=Path, help="file holding the text spoken in AUDIO")
