@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from speech import sentence_clips, start_errors, write_wav
+from speech import long_clip, sentence_clips, start_errors, write_wav
 from vllm_whisper_align.quantization import encoder_int8_supported
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
@@ -85,16 +85,21 @@ def test_missing_file_alone_fails_fast_with_one_line(tmp_path):
 
 def test_align_manifest(audio_files, tmp_path):
     folder, paths, clips = audio_files
+    long = long_clip(40.0)  # over one window: longform, in the same run
+    write_wav(tmp_path / "long.wav", long.samples)
     manifest = tmp_path / "items.jsonl"
     manifest.write_text(
         json.dumps({"audio": str(paths[0]), "text": clips[0].text}) + "\n"
         + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"}) + "\n"
+        + json.dumps({"audio": str(tmp_path / "long.wav"), "text": long.text}) + "\n"
     )
     result = run_cli("align", "--manifest", str(manifest), "--format", "srt", "--output-dir", str(tmp_path), *ENGINE_OPTIONS)
     assert result.returncode == 1
     assert len(error_lines(result.stderr)) == 1
     srt = (tmp_path / f"{paths[0].stem}.srt").read_text()
     assert "-->" in srt and clips[0].words[0].lower() in srt.lower()
+    long_srt = (tmp_path / "long.srt").read_text()
+    assert long_srt.count("-->") == len(long.words) and "00:00:3" in long_srt
 
 
 def test_bad_manifest_line_is_one_line_error(tmp_path):
