@@ -187,8 +187,11 @@ def test_store_is_empty_after_requests_and_aborts(aligner, clips):
 def test_forced_alignment_rejects_what_does_not_fit(aligner, clips):
     with pytest.raises(AlignmentInputError, match="448"):
         aligner.align([clips[0].samples], ["word " * 500])
-    with pytest.raises(AlignmentInputError, match="30 s"):
-        aligner.align([np.zeros(31 * 16000, dtype=np.float32)], ["hello"])
+    # Over one window there is no 30 s refusal: text too short to tell is forced on both sides
+    # of the cut (longform; a window's share over the context is refused in tests/test_longform.py).
+    over_one_window = aligner.align([np.zeros(31 * 16000, dtype=np.float32)], ["hello"])[0]
+    assert [w["word"] for w in over_one_window["words"]] == [" hello"]
+    assert 0 <= over_one_window["words"][0]["start"] <= over_one_window["words"][0]["end"] <= 31
     with pytest.raises(AlignmentInputError, match="token ids"):
         aligner.align([clips[0].samples], token_ids=[[aligner.tokens.eot + 5]])
 

@@ -208,6 +208,26 @@ def test_forced_alignment_endpoint(server):
     assert [w["start"] for w in by_tokens["words"]] == [w["start"] for w in body["words"]]
 
 
+def test_forced_alignment_over_one_window(server):
+    """A 65 s upload with its text: every word back in order, aligned, at absolute times; srt too."""
+    clip = long_clip(65.0)
+    def align(**fields):
+        return httpx.post(
+            f"{server}/v1/audio/alignments", files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
+            data={"model": "whisper-tiny.en", "text": clip.text, **fields}, timeout=600,
+        )
+    response = align(response_format="verbose_json")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [w["word"].strip(" .").lower() for w in body["words"]] == [w.lower() for w in clip.words]
+    assert all(w["aligned"] for w in body["words"]) and body["duration"] > 60
+    starts = np.array([w["start"] for w in body["words"]])
+    assert np.all(np.diff(starts) >= 0) and starts[-1] > 55
+    assert np.mean(np.abs(starts - np.array(clip.starts)) <= 0.2) >= 0.75
+    srt = align(response_format="srt")
+    assert srt.status_code == 200 and len(SRT_CUE.findall(srt.text)) == len(clip.words)
+
+
 SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S)
 VTT_CUE = re.compile(
     r"(?:(\d\d):)?(\d\d:\d\d\.\d\d\d) --> (?:(\d\d):)?(\d\d:\d\d\.\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fallback_options(transcribe)
 
     align = commands.add_parser("align", help="forced alignment of known text to audio")
-    align.add_argument("audio", nargs="?", help="one audio file (≤ 30 s)")
+    align.add_argument("audio", nargs="?", help="one audio file, any length")
     source = align.add_mutually_exclusive_group(required=True)
     source.add_argument("--text", help="the text spoken in AUDIO")
     source.add_argument("--text-file", type=Path, help="file holding the text spoken in AUDIO")
@@ -252,7 +252,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     from vllm_whisper_align.audio import AudioError, decode_audio
-    from vllm_whisper_align.decoding import MAX_ALIGNMENT_SECONDS, AlignmentInputError
+    from vllm_whisper_align.decoding import AlignmentInputError
 
     items = _alignment_items(args)
     aligner = None
@@ -260,8 +260,7 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     with contextlib.ExitStack() as engine:
         for path, text in items:
             try:
-                # Forced alignment takes one window: decoding more than that would be for nothing.
-                samples = decode_audio(path, max_seconds=MAX_ALIGNMENT_SECONDS)
+                samples = decode_audio(path)  # any length: long recordings are aligned window by window
                 aligner = aligner or engine.enter_context(_aligner(args.model, engine_args))
                 result = aligner.align([samples], [text], language=args.language)[0]
             except (AudioError, AlignmentInputError) as error:

@@ -14,8 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from vllm_whisper_align import decoding, results
-from vllm_whisper_align.audio import AudioSource, decode_audio
+from vllm_whisper_align import decoding, longform, results
+from vllm_whisper_align.audio import SAMPLE_RATE, AudioSource, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
@@ -123,23 +123,28 @@ class WhisperAligner:
         language: str | None = None,
         use_tqdm: bool = False,
     ) -> list[dict[str, Any]]:
-        """Word and token times of text the model did not produce (one ≤30 s window each)."""
+        """Word and token times of text the model did not produce; audio of any length (over one
+        window: ``longform``), every word with ``aligned``."""
         if (texts is None) == (token_ids is None):
             raise ValueError("give either texts or token_ids")
         items = texts if texts is not None else token_ids
         if len(items) != len(audios):
             raise ValueError(f"{len(audios)} audios but {len(items)} texts")
-        plans = [
-            decoding.plan_alignment(
-                _samples(audio),
-                self.tokens,
-                text=texts[i] if texts is not None else None,
-                token_ids=token_ids[i] if token_ids is not None else None,
-                language=language,
-            )
-            for i, audio in enumerate(audios)
+        samples = [_samples(audio) for audio in audios]
+        nothing = [None] * len(samples)
+        given = [
+            {"text": text, "token_ids": ids}
+            for text, ids in zip(texts or nothing, token_ids or nothing, strict=True)
         ]
-        return self._run(plans, use_tqdm)
+        long = [i for i, s in enumerate(samples) if longform.needs_windows(s)]
+        short = [i for i, s in enumerate(samples) if not longform.needs_windows(s)]
+        plans = [
+            decoding.plan_alignment(samples[i], self.tokens, language=language, **given[i]) for i in short
+        ]
+        answers = dict(zip(short, map(longform.mark_aligned, self._run(plans, use_tqdm)), strict=True))
+        long_answers = self._align_long([samples[i] for i in long], [given[i] for i in long], language)
+        answers.update(zip(long, long_answers, strict=True))
+        return [answers[i] for i in range(len(samples))]
 
     def detect_languages(self, samples: Sequence[np.ndarray]) -> list[str]:
         if self.language_detection is None:
@@ -171,6 +176,28 @@ class WhisperAligner:
         return self.llm.collective_rpc(RPC_STATS)[0]
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _align_long(self, samples: list[np.ndarray], given: list[dict], language: str | None) -> list[dict]:
+        """``longform``'s two passes, each one ``generate`` call over every window of every input."""
+        language = language or "en"
+        given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
+        heard = [
+            longform.transcription_plans(s, self.tokens, language, self.suppress_tokens) for s in samples
+        ]
+        transcripts = iter(self._run([p for plans in heard for p in plans], use_tqdm=False))
+        splits = [
+            longform.alignment_plans(plans, [next(transcripts) for _ in plans], self.tokens, ids, language)
+            for plans, ids in zip(heard, given_ids, strict=True)
+        ]
+        runnable = [p for _, plans in splits for p in plans if p is not None]
+        aligned = iter(self._run(runnable, use_tqdm=False))
+        return [
+            longform.finish(
+                split, plans, [next(aligned) if p is not None else None for p in plans], self.tokens,
+                len(s) / SAMPLE_RATE, language,
+            )
+            for (split, plans), s in zip(splits, samples, strict=True)
+        ]
 
     def _run(self, plans: list[decoding.Plan], use_tqdm: bool) -> list[dict[str, Any]]:
         per_plan: list[list[decoding.WindowOutput | None]] = [[None] * len(plan.windows) for plan in plans]

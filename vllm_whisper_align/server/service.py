@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from vllm import envs
 
-from vllm_whisper_align import decoding, results
+from vllm_whisper_align import decoding, longform, results
 from vllm_whisper_align.audio import SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import AlignmentRequest
@@ -157,14 +157,47 @@ class AlignmentService:
         self, samples: np.ndarray, *, request_id: str, text: str | None, token_ids: list[int] | None,
         language: str | None,
     ) -> dict[str, Any]:
+        self.check_duration(samples)
         language = self.checked_language(language)
+        field = "tokens" if token_ids is not None else "text"
+        if longform.needs_windows(samples):
+            return await self._align_long(samples, request_id, text, token_ids, language or "en", field)
         try:
             plan = decoding.plan_alignment(
                 samples, self.tokens, text=text, token_ids=token_ids, language=language
             )
         except ValueError as error:
-            raise RequestError(str(error), "tokens" if token_ids is not None else "text") from None
-        return await self._run(plan, request_id)
+            raise RequestError(str(error), field) from None
+        return longform.mark_aligned(await self._run(plan, request_id))
+
+    async def _align_long(
+        self, samples: np.ndarray, request_id: str, text: str | None, token_ids: list[int] | None,
+        language: str, field: str,
+    ) -> dict[str, Any]:
+        """``longform``'s two passes; the windows of each run concurrently, so they batch together."""
+        try:
+            given = decoding.text_to_tokens(text, token_ids, self.tokens)
+        except decoding.AlignmentInputError as error:
+            raise RequestError(str(error), field) from None
+        heard = longform.transcription_plans(samples, self.tokens, language, self.suppress_tokens)
+        transcripts = await asyncio.gather(*[
+            self._run(p, f"{request_id}-h{k}") for k, p in enumerate(heard)
+        ])
+        try:
+            # The text matching is NumPy work of up to seconds (30k words): off the event loop.
+            split, plans = await asyncio.to_thread(
+                longform.alignment_plans, heard, transcripts, self.tokens, given, language
+            )
+        except decoding.AlignmentInputError as error:
+            raise RequestError(str(error), field) from None
+        bodies = await asyncio.gather(*[
+            self._run(p, f"{request_id}-a{k}") for k, p in enumerate(plans) if p is not None
+        ])
+        aligned = iter(bodies)
+        bodies = [next(aligned) if p is not None else None for p in plans]
+        return await asyncio.to_thread(
+            longform.finish, split, plans, bodies, self.tokens, len(samples) / SAMPLE_RATE, language
+        )
 
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
         prompt, params = self.language_detection.request(samples)

@@ -1,0 +1,266 @@
+"""Splitting a long transcript over windows and joining the windows back, without an engine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_whisper_align import longform
+from vllm_whisper_align.decoding import AlignmentInputError
+from vllm_whisper_align.longform import TextWord, normalise
+
+SAMPLE_RATE = 16000
+
+
+def words_of(text: str, tokens_per_word: int = 1) -> list[TextWord]:
+    """Synthetic given words, each of ``tokens_per_word`` made-up token ids."""
+    return [
+        TextWord(" " + word, list(range(i * tokens_per_word, (i + 1) * tokens_per_word)), normalise(word))
+        for i, word in enumerate(text.split())
+    ]
+
+
+def heard_of(*windows: str) -> list[list[str]]:
+    return [[normalise(w) for w in window.split()] for window in windows]
+
+
+def numbered(prefix: str, count: int) -> str:
+    return " ".join(f"{prefix}{i}" for i in range(count))
+
+
+def owners_by_estimate(split: longform.Split) -> np.ndarray:
+    return longform.owners(split, split.estimates)
+
+
+def test_words_match_their_heard_windows():
+    text = f"{numbered('a', 20)} {numbered('b', 20)} {numbered('c', 20)}"
+    heard = heard_of(numbered("a", 20), numbered("b", 20), numbered("c", 20))
+    split = longform.split_text(words_of(text), heard)
+    assert split.aligned.all()
+    np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1, 2], 20))
+    # Every word is forced in the window that holds it.
+    for window in range(3):
+        assert set(range(20 * window, 20 * window + 20)) <= set(split.share(window))
+
+
+def test_repeated_text_keeps_each_repetition_in_its_window():
+    """The same sentences over and over (as tests/speech.py's long clips), heard with a few errors: a
+    greedy longest-block matcher pairs a repetition with the next one and shifts everything after it."""
+    sentences = ["the cat sat on the warm mat", "please bring me a glass of cold water",
+                 "we walked to the park after lunch", "the train leaves at seven in the morning"]
+    text = " ".join(sentences * 6).split()
+    rng = np.random.default_rng(3)
+    per_window = 40
+    heard = []
+    for start in range(0, len(text), per_window):
+        window = [w for w in text[start : start + per_window] if rng.random() > 0.15]  # 15% not heard
+        heard.append([normalise(w if rng.random() > 0.1 else "uh") for w in window])
+    split = longform.split_text(words_of(" ".join(text)), heard)
+    assert split.aligned.all()
+    owner = owners_by_estimate(split)
+    assert (owner == np.arange(len(text)) // per_window).mean() > 0.97
+
+
+def test_case_and_punctuation_do_not_matter():
+    given = words_of("Hello, World! THE end.")
+    split = longform.split_text(given, heard_of("hello world", "the end"))
+    np.testing.assert_array_equal(owners_by_estimate(split), [0, 0, 1, 1])
+
+
+def test_misheard_words_follow_their_neighbours_by_proportion():
+    """Substitutions on both sides of a boundary: the counts of heard words on each side place the cut."""
+    given = numbered("a", 30) + " " + numbered("b", 30)
+    heard_a = numbered("a", 26) + " x1 x2 x3 x4"  # the last four words of window 0 misheard
+    heard_b = "y1 y2 y3 " + " ".join(f"b{i}" for i in range(3, 30))  # the first three of window 1
+    split = longform.split_text(words_of(given), heard_of(heard_a, heard_b))
+    assert split.aligned.all()
+    np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1], 30))
+    lo, hi = split.zones[0]
+    assert lo <= 30 <= hi and hi - lo <= 2 * (longform.ZONE_MARGIN_WORDS + 1), split.zones
+
+
+def test_skipped_paragraph_is_aligned_nowhere():
+    spoken_before, skipped, spoken_after = numbered("a", 25), numbered("s", 30), numbered("b", 25)
+    given = words_of(f"{spoken_before} {skipped} {spoken_after}")
+    heard = heard_of(numbered("a", 20), numbered("a", 25)[len(numbered("a", 20)) :] + " " + numbered("b", 10),
+                     " ".join(f"b{i}" for i in range(10, 25)))
+    split = longform.split_text(given, heard)
+    np.testing.assert_array_equal(split.aligned, np.r_[np.ones(25), np.zeros(30), np.ones(25)].astype(bool))
+    forced = {int(i) for w in range(3) for i in split.share(w)}
+    assert forced.isdisjoint(range(25, 55))
+    assert all(i in forced for i in [*range(25), *range(55, 80)])
+
+
+def test_a_lone_common_word_does_not_split_a_skipped_paragraph():
+    given = words_of(f"{numbered('a', 15)} {numbered('s', 10)} the {numbered('s', 10)} {numbered('b', 15)}")
+    heard = heard_of(numbered("a", 15) + " the " + numbered("b", 15))
+    split = longform.split_text(given, heard + [[]])
+    assert not split.aligned[15:36].any() and split.aligned[:15].all() and split.aligned[36:].all()
+
+
+def test_short_unheard_runs_are_still_forced():
+    """A few words the model did not hear are misheard speech, not missing text: they are aligned."""
+    given = words_of(f"{numbered('a', 20)} {numbered('m', longform.SKIP_MIN_WORDS - 1)} {numbered('b', 20)}")
+    split = longform.split_text(given, heard_of(numbered("a", 20), numbered("b", 20)))
+    assert split.aligned.all()
+
+
+def test_extra_audio_words_take_no_given_words():
+    given = words_of(f"{numbered('a', 20)} {numbered('b', 20)}")
+    heard = heard_of(numbered("a", 20) + " applause cheering thank you all", numbered("b", 20))
+    split = longform.split_text(given, heard)
+    assert split.aligned.all()
+    np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1], 20))
+
+
+def test_a_window_with_nothing_heard():
+    """Silence in the middle window: its neighbours keep their words; words at a boundary with no
+    heard words around it are forced on both sides."""
+    given = words_of(f"{numbered('a', 20)} {numbered('b', 20)}")
+    split = longform.split_text(given, heard_of(numbered("a", 20), "", numbered("b", 20)))
+    np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 2], 20))
+    assert len(split.share(1)) == 0
+
+
+def test_nothing_heard_at_all():
+    given = words_of("one two three")
+    split = longform.split_text(given, heard_of("", ""))
+    assert split.aligned.all()  # too short to call missing: forced in both windows, cut by likelihood
+    assert list(split.share(0)) == list(split.share(1)) == [0, 1, 2]
+    silent_long = longform.split_text(words_of(numbered("w", 40)), heard_of("", ""))
+    assert not silent_long.aligned.any()
+
+
+def test_zone_cut_follows_the_likelihoods():
+    """Two words the model dropped at a boundary are forced in both windows; the windows' teacher-forced
+    log-probabilities decide which side each is on."""
+    given = words_of(f"{numbered('a', 10)} x y {numbered('b', 10)}")
+    split = longform.split_text(given, heard_of(numbered("a", 10), numbered("b", 10)))
+    assert list(split.zones[0]) == [10, 12]
+    left = np.zeros(len(split.share(0)))
+    right = np.zeros(len(split.share(1)))
+    left[-2:] = [-0.5, -9.0]  # "x" fits the end of window 0, "y" does not
+    right[:2] = [-8.0, -0.3]
+    cuts = longform.choose_cuts(split, [left, right])
+    assert list(cuts) == [11]
+    left[-2:] = [-9.0, -9.0]
+    assert list(longform.choose_cuts(split, [left, right])) == [10]
+
+
+def test_matching_thirty_thousand_words():
+    """A 3-hour transcript against a hypothesis with 20% of words missed or misheard and some extra
+    words; no time limit here (benchmarks measure speed), but the split has to stay exact."""
+    rng = np.random.default_rng(0)
+    vocabulary = np.array([f"w{i}" for i in range(5000)])
+    frequency = 1.0 / np.arange(1, 5001)
+    text = rng.choice(vocabulary, size=30000, p=frequency / frequency.sum())
+    per_window = 100
+    heard = []
+    for start in range(0, len(text), per_window):
+        window = []
+        for word in text[start : start + per_window]:
+            roll = rng.random()
+            if roll < 0.1:
+                continue
+            window.append("zz" if roll < 0.2 else word)
+        heard.append([normalise(w) for w in window])
+    split = longform.split_text(words_of(" ".join(text)), heard)
+    owner = owners_by_estimate(split)
+    truth = np.arange(len(text)) // per_window
+    assert split.aligned.mean() > 0.99
+    assert (owner == truth).mean() > 0.99
+    assert np.all(np.diff(owner[owner >= 0]) >= 0)
+
+
+# ---------------------------------------------------------------------------- plans and join
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    from transformers import AutoTokenizer
+
+    from vllm_whisper_align.checkpoints import default_model_path
+    from vllm_whisper_align.tokenizer import WhisperTokens
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
+    return WhisperTokens.from_tokenizer(tokenizer, 51864)
+
+
+def test_text_words_group_like_the_alignment(tokens):
+    ids = tokens.encode(' Hello, world! "Quoted" (words) end.')
+    words = longform.text_words(ids, tokens, "en")
+    assert [w.text for w in words] == [" Hello,", " world!", ' "Quoted"', " (words)", " end."]
+    assert [w.key for w in words] == ["hello", "world", "quoted", "words", "end"]
+    assert [t for w in words for t in w.tokens] == ids
+
+
+def heard_plans(tokens, seconds: float):
+    samples = np.random.default_rng(0).standard_normal(int(seconds * SAMPLE_RATE)).astype(np.float32) * 0.01
+    return longform.transcription_plans(samples, tokens, "en", [])
+
+
+def test_a_share_over_the_context_is_refused_with_its_window(tokens):
+    plans = heard_plans(tokens, 70)
+    assert len(plans) == 3 and all(len(p.windows) == 1 for p in plans)
+    middle = "second part " * 250  # as many words heard as given: not text missing from the audio
+    bodies = [{"text": "first part"}, {"text": middle}, {"text": "third part"}]
+    text = f"first part {middle} third part"
+    start, end = plans[1].windows[0].offset, plans[1].windows[0].offset + plans[1].windows[0].duration
+    with pytest.raises(AlignmentInputError, match=rf"falls in {start:.1f}-{end:.1f} s is 50\d tokens.*448"):
+        longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+
+
+def fake_body(split, window: int, plan, first_start: float, spacing: float, probability: float = 0.9):
+    """What results.finish returns for a window's share: words one after another from first_start."""
+    share = split.share(window)
+    words, token_list, time = [], [], plan.windows[0].offset + first_start
+    for index in share:
+        word = split.words[index]
+        end = time + spacing / 2
+        words.append({"word": word.text, "start": time, "end": end, "probability": probability})
+        for token in word.tokens:
+            token_list.append({"id": token, "text": "", "start": time, "end": end,
+                               "probability": probability})
+        time += spacing
+    return {"text": "", "words": words, "tokens": token_list, "segments": []}
+
+
+def test_finish_returns_every_word_in_order(tokens):
+    plans = heard_plans(tokens, 70)
+    spoken = ["first part of the talk", "second part of the talk", "third part of the talk"]
+    skipped = " ".join(["never said"] * 8)
+    text = f"{spoken[0]}. {skipped}. {spoken[1]}. {spoken[2]}."
+    bodies = [{"text": s} for s in spoken]
+    split, aligned_plans = longform.alignment_plans(
+        plans, bodies, tokens, tokens.encode(" " + text), "en"
+    )
+    assert all(p.windows[0].offset == h.windows[0].offset for p, h in zip(aligned_plans, plans, strict=True))
+    results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
+    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    words = body["words"]
+    assert "".join(w["word"] for w in words).strip() == text == body["text"]
+    flags = [w["aligned"] for w in words]
+    assert flags == [True] * 5 + [False] * 16 + [True] * 10
+    starts = np.array([w["start"] for w in words])
+    assert np.all(np.diff(starts) >= 0)
+    assert starts[0] == pytest.approx(1.0) and starts[5] == pytest.approx(words[4]["end"])
+    assert all(w["probability"] == 0 and w["start"] == w["end"] for w in words if not w["aligned"])
+    # Absolute times: each window's first word 1 s after its offset.
+    assert starts[21] == pytest.approx(plans[1].windows[0].offset + 1.0)
+    assert starts[26] == pytest.approx(plans[2].windows[0].offset + 1.0) and starts[26] > 40
+    assert len(body["tokens"]) == len(tokens.encode(" " + text))
+    assert body["segments"] and all(s["start"] <= s["end"] for s in body["segments"])
+
+
+def test_finish_without_a_window_result(tokens):
+    """A window whose alignment failed: its words come back unaligned, the others keep their times."""
+    plans = heard_plans(tokens, 70)
+    spoken = ["alpha beta gamma", "delta epsilon zeta", "eta theta iota"]
+    split, aligned_plans = longform.alignment_plans(
+        plans, [{"text": s} for s in spoken], tokens, tokens.encode(" " + " ".join(spoken)), "en"
+    )
+    results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
+    results[1] = {"text": "", "words": [], "tokens": [], "segments": [], "alignment_errors": ["no alignment"]}
+    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    assert [w["aligned"] for w in body["words"]] == [True] * 3 + [False] * 3 + [True] * 3
+    assert body["alignment_errors"] == ["no alignment"]

@@ -1,0 +1,511 @@
+"""Long-form forced alignment: splitting a transcript over the ≤30 s windows of a recording, and
+joining the windows back.
+
+Whisper aligns one 30 s window at a time, so text of any length is aligned to audio of any length in
+two engine passes, each a batch of all windows:
+
+1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
+   ``audio.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
+2. :func:`split_text`: the given words are matched to the heard words (normalised, minimum edit
+   distance); a matched word belongs to its heard word's window. Between two matches the unmatched
+   given words are spread over the windows of the unmatched heard words between them, in proportion.
+   Words near a window boundary whose side is uncertain (a *zone*) go into both windows. A long run of
+   given words with hardly any heard counterpart is text that is not in the audio: aligned nowhere.
+3. :func:`alignment_plans`: each window's share of the text, teacher-forced on that window
+   (``decoding.plan_alignment``, its offset added).
+4. :func:`finish`: each zone is cut where the two windows' teacher-forced log-probabilities of its
+   words say (a word the window's audio does not hold gets a low one), and every given word comes
+   back in order: from its window, or with ``aligned: false``, a zero-length span at the previous
+   aligned word's end and probability 0.
+
+Engine-agnostic: this module builds decoding Plans and reads the verbose_json bodies of
+``results.finish``; the offline API and the server run the requests.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from vllm_whisper_align import decoding, results, word_timing
+from vllm_whisper_align.audio import N_SAMPLES
+from vllm_whisper_align.params import MAX_DECODER_TOKENS
+from vllm_whisper_align.tokenizer import WhisperTokens
+
+# A run of at least this many given words between two matches, against which the model heard at most
+# this fraction as many words, is text that is not in the audio (a skipped paragraph, a heading).
+# Shorter runs are misheard words: forcing them costs their neighbours little.
+SKIP_MIN_WORDS = 10
+SKIP_MAX_HEARD = 0.25
+# Runs of at least this many consecutive matches bound text that is not in the audio.
+SOLID_MATCH_WORDS = 3
+# Inside such bounds, the text not in the audio is the stretch with most unmatched words, less this
+# many per (chance) match.
+MATCH_WEIGHT = 2.0
+# A single-word match is kept as an anchor only if the runs on both sides of it differ by at most
+# this many words between text and hypothesis: a lone "the" inside a skipped paragraph must not split it.
+LONE_MATCH_MAX_IMBALANCE = 2
+# Words on each side of a boundary's estimated cut that go into both windows, plus one per word the
+# counts disagree by; at most ZONE_MAX_WORDS per side.
+ZONE_MARGIN_WORDS = 1
+ZONE_MAX_WORDS = 16
+# Floor of a log-probability when cutting zones (a window without a result scores this per word).
+MIN_LOGPROB = -1e4
+
+
+def needs_windows(samples: np.ndarray) -> bool:
+    """Audio over one window goes through this module; one window keeps the exact single pass."""
+    return len(samples) > N_SAMPLES
+
+
+# ---------------------------------------------------------------------------- words
+
+
+@dataclass
+class TextWord:
+    text: str
+    tokens: list[int]
+    key: str  # normalised for matching: case-folded, without punctuation or spaces
+
+
+def normalise(word: str) -> str:
+    folded = unicodedata.normalize("NFKC", word).casefold()
+    return "".join(ch for ch in folded if unicodedata.category(ch)[0] not in "PZ")
+
+
+def text_words(token_ids: Sequence[int], tokens: WhisperTokens, language: str) -> list[TextWord]:
+    """Words of a token sequence exactly as the alignment groups them (``word_timing``'s split and
+    punctuation merge), so a window's result words line up one to one with its share."""
+    if not token_ids:
+        return []
+    words, groups = word_timing.split_to_word_tokens(
+        [*token_ids, tokens.eot], tokens.decode_with_special, tokens.eot, language
+    )
+    timings = [
+        word_timing.WordTiming(w, g, 0.0, 0.0, 0.0) for w, g in zip(words[:-1], groups[:-1], strict=True)
+    ]
+    word_timing.merge_punctuations(timings)
+    return [TextWord(t.word, t.tokens, normalise(t.word)) for t in timings]
+
+
+def heard_keys(text: str, tokens: WhisperTokens, language: str) -> list[str]:
+    """Normalised words of a window's transcript, grouped as the given text's words are."""
+    if not text.strip():
+        return []
+    return [w.key for w in text_words(tokens.encode(" " + text.strip()), tokens, language)]
+
+
+# ---------------------------------------------------------------------------- matching
+
+
+def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (given, heard) of matched words, increasing in both: the equal pairs of a minimum
+    edit-distance alignment (:func:`edit_path`), less lone matches that would split a skipped run.
+
+    A global minimum, not the longest common blocks first: transcripts repeat phrases, and a greedy
+    block matcher pairs a phrase with the wrong repetition, shifting everything after it."""
+    vocabulary: dict[str, int] = {}
+    # Words that normalise to nothing (a lone dash) never match: each gets its own negative id.
+    given_ids = np.array(
+        [vocabulary.setdefault(k, len(vocabulary)) if k else -1 - i for i, k in enumerate(given)],
+        dtype=np.int64,
+    )
+    heard_ids = np.array([vocabulary.get(k, -1) if k else -1 for k in heard], dtype=np.int64)
+    heard_ids[heard_ids < 0] = -(len(given) + 1)  # unknown to the text: equal to no given word
+    pairs = edit_path(given_ids, heard_ids)
+    equal = pairs[given_ids[pairs[:, 0]] == heard_ids[pairs[:, 1]]] if len(pairs) else pairs
+    blocks = _blocks(equal)
+    kept = [b for k, b in enumerate(blocks) if b[2] > 1 or _balanced(blocks, k, len(given), len(heard))]
+    return _pairs(kept)
+
+
+def _pairs(blocks: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    ai = np.array([b[0] + d for b in blocks for d in range(b[2])], dtype=np.int64)
+    aj = np.array([b[1] + d for b in blocks for d in range(b[2])], dtype=np.int64)
+    return ai, aj
+
+
+# Rows of the edit-distance table kept between recomputations: memory is about
+# (len(given) / EDIT_CHECKPOINT_ROWS + EDIT_CHECKPOINT_ROWS) rows of len(heard) + 1 int32.
+EDIT_CHECKPOINT_ROWS = 128
+
+
+def edit_path(given: np.ndarray, heard: np.ndarray) -> np.ndarray:
+    """(i, j) pairs of a minimum Levenshtein alignment (unit costs) of two id sequences: equal and
+    substituted pairs, in order. One NumPy pass per row; rows are kept every EDIT_CHECKPOINT_ROWS and
+    recomputed for the walk back, so memory stays linear (30k x 30k words: two passes, no table)."""
+    if len(given) == 0 or len(heard) == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    checkpoints = {0: np.arange(len(heard) + 1, dtype=np.int32)}
+    row = checkpoints[0]
+    for i in range(1, len(given) + 1):
+        row = _edit_row(row, given[i - 1], heard, i)
+        if i % EDIT_CHECKPOINT_ROWS == 0:
+            checkpoints[i] = row
+    pairs = []
+    i, j = len(given), len(heard)
+    while i > 0 and j > 0:
+        base = (i - 1) // EDIT_CHECKPOINT_ROWS * EDIT_CHECKPOINT_ROWS
+        rows = [checkpoints[base]]
+        for k in range(base + 1, i + 1):
+            rows.append(_edit_row(rows[-1], given[k - 1], heard, k))
+        while i > base and j > 0:
+            current, previous = rows[i - base], rows[i - base - 1]
+            substitute = previous[j - 1] + (given[i - 1] != heard[j - 1])
+            if current[j] == substitute:
+                pairs.append((i - 1, j - 1))
+                i, j = i - 1, j - 1
+            elif current[j] == previous[j] + 1:
+                i -= 1
+            else:
+                j -= 1
+    return np.array(pairs[::-1], dtype=np.int64).reshape(-1, 2)
+
+
+def _edit_row(previous: np.ndarray, word: int, heard: np.ndarray, i: int) -> np.ndarray:
+    """Row i of the edit-distance table from row i - 1: substitute or delete, then insert along the row
+    (a running minimum of cost - j, plus j)."""
+    candidate = np.empty_like(previous)
+    candidate[0] = i
+    candidate[1:] = np.minimum(previous[:-1] + (heard != word), previous[1:] + 1)
+    steps = np.arange(len(previous), dtype=np.int32)
+    return np.minimum.accumulate(candidate - steps) + steps
+
+
+def _blocks(pairs: np.ndarray) -> list[tuple[int, int, int]]:
+    """Runs of consecutive equal pairs as (given start, heard start, size)."""
+    if len(pairs) == 0:
+        return []
+    breaks = np.flatnonzero(np.any(np.diff(pairs, axis=0) != 1, axis=1)) + 1
+    starts = np.concatenate([[0], breaks])
+    sizes = np.diff(np.concatenate([starts, [len(pairs)]]))
+    return [(int(pairs[s, 0]), int(pairs[s, 1]), int(n)) for s, n in zip(starts, sizes, strict=True)]
+
+
+def _balanced(blocks: list[tuple[int, int, int]], k: int, num_given: int, num_heard: int) -> bool:
+    given_at, heard_at, size = blocks[k]
+    before = blocks[k - 1] if k else None
+    after = blocks[k + 1] if k + 1 < len(blocks) else None
+    given_before = given_at - (before[0] + before[2] if before else 0)
+    heard_before = heard_at - (before[1] + before[2] if before else 0)
+    given_after = (after[0] if after else num_given) - given_at - size
+    heard_after = (after[1] if after else num_heard) - heard_at - size
+    imbalance = max(abs(given_before - heard_before), abs(given_after - heard_after))
+    return imbalance <= LONE_MATCH_MAX_IMBALANCE
+
+
+def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray) -> np.ndarray:
+    """Per given word: True inside a run of SKIP_MIN_WORDS or more words between two runs of
+    SOLID_MATCH_WORDS matches, against which the model heard at most SKIP_MAX_HEARD as many.
+
+    Only solid runs bound it: the edit-distance path threads a skipped paragraph's common words
+    ("the", "of the") through the heard words around it, which would cut it into short runs."""
+    matched = np.zeros(num_given, dtype=bool)
+    matched[ai] = True
+    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
+    ai, aj = _pairs(solid)
+    bounds_given = np.concatenate([[-1], ai, [num_given]])
+    bounds_heard = np.concatenate([[-1], aj, [num_heard]])
+    run_given = np.diff(bounds_given) - 1
+    run_heard = np.diff(bounds_heard) - 1
+    skipped = np.zeros(num_given, dtype=bool)
+    for k in np.flatnonzero((run_given >= SKIP_MIN_WORDS) & (run_heard <= SKIP_MAX_HEARD * run_given)):
+        lo, hi = _least_matched(matched[bounds_given[k] + 1 : bounds_given[k + 1]])
+        if hi - lo >= SKIP_MIN_WORDS:
+            skipped[bounds_given[k] + 1 + lo : bounds_given[k] + 1 + hi] = True
+    return skipped
+
+
+def _least_matched(matched: np.ndarray) -> tuple[int, int]:
+    """[lo, hi) of the stretch of a run with the most unmatched words less MATCH_WEIGHT per match
+    (maximum subarray): the spoken words misheard at its edges stay out of it."""
+    scores = np.where(matched, -MATCH_WEIGHT, 1.0)
+    best, best_range, total, start = 0.0, (0, 0), 0.0, 0
+    for index, score in enumerate(scores):
+        if total <= 0:
+            total, start = 0.0, index
+        total += score
+        if total > best:
+            best, best_range = total, (start, index + 1)
+    return best_range
+
+
+# ---------------------------------------------------------------------------- splitting
+
+
+@dataclass
+class Split:
+    """Where each given word may be: its window share, or nowhere."""
+
+    words: list[TextWord]
+    aligned: np.ndarray  # bool per word; False: not in the audio, forced in no window
+    estimates: np.ndarray  # per boundary (window w | w + 1): first word estimated in window w + 1
+    zones: np.ndarray  # per boundary: [lo, hi) of the words forced in both windows (lo == hi: none)
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.estimates) + 1
+
+    def share(self, window: int) -> np.ndarray:
+        """Indices of the words forced in ``window``: its words and the zones on both sides."""
+        lo = self.zones[window - 1, 0] if window > 0 else 0
+        hi = self.zones[window, 1] if window < len(self.zones) else len(self.words)
+        return lo + np.flatnonzero(self.aligned[lo:hi])
+
+    def share_tokens(self, window: int) -> list[int]:
+        return [t for i in self.share(window) for t in self.words[i].tokens]
+
+
+def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
+    """Given words over windows, from the normalised words heard in each window."""
+    num_windows = len(heard)
+    heard_all = [key for keys in heard for key in keys]
+    heard_window = np.repeat(np.arange(num_windows), [len(keys) for keys in heard])
+    ai, aj = anchors([w.key for w in words], heard_all)
+    aligned = ~not_in_audio(len(words), len(heard_all), ai, aj)
+    ai, aj = ai[aligned[ai]], aj[aligned[ai]]  # matches inside text not in the audio are chance
+    first_heard = np.searchsorted(heard_window, np.arange(num_windows + 1))  # per window; M at the end
+    anchor_window = heard_window[aj]
+    active = np.flatnonzero(aligned)
+    estimates = np.zeros(max(0, num_windows - 1), dtype=np.int64)
+    zones = np.zeros((len(estimates), 2), dtype=np.int64)
+    for boundary in range(len(estimates)):
+        k = int(np.searchsorted(anchor_window, boundary, side="right"))  # anchors in windows <= boundary
+        given_before, heard_before = (ai[k - 1], aj[k - 1]) if k > 0 else (-1, -1)
+        given_after, heard_after = (ai[k], aj[k]) if k < len(ai) else (len(words), len(heard_all))
+        between = active[
+            np.searchsorted(active, given_before, side="right") : np.searchsorted(active, given_after)
+        ]
+        heard_split = min(max(first_heard[boundary + 1], heard_before + 1), heard_after)
+        estimates[boundary], zones[boundary] = _boundary(
+            between, heard_split - heard_before - 1, heard_after - heard_split, given_after
+        )
+    # Boundaries never cross: window shares run forward.
+    estimates = np.maximum.accumulate(estimates) if len(estimates) else estimates
+    zones = np.maximum.accumulate(zones, axis=0) if len(zones) else zones
+    return Split(words, aligned, estimates, zones)
+
+
+def _boundary(
+    between: np.ndarray, heard_left: int, heard_right: int, given_after: int
+) -> tuple[int, np.ndarray]:
+    """Estimated cut and zone of a boundary from the unmatched words around it: ``between`` (given
+    word indices) against ``heard_left`` / ``heard_right`` unmatched heard words on either side."""
+    count = len(between)
+    if count == 0:
+        return given_after, np.array([given_after, given_after])
+    heard = heard_left + heard_right
+    if heard == 0:  # nothing heard between the anchors: every word may be on either side
+        return int(between[count // 2]), np.array([between[0], between[-1] + 1])
+    position = int(round(count * heard_left / heard))
+    margin = min(ZONE_MARGIN_WORDS + abs(count - heard), ZONE_MAX_WORDS)
+    lo, hi = max(0, position - margin), min(count, position + margin)
+    estimate = int(between[position]) if position < count else int(between[-1]) + 1
+    zone = np.array([between[lo], between[hi - 1] + 1]) if hi > lo else np.array([estimate, estimate])
+    return estimate, zone
+
+
+def choose_cuts(split: Split, logprobs: Sequence[np.ndarray]) -> np.ndarray:
+    """Per boundary, the first word of window w + 1: where the zone's words are likeliest.
+
+    ``logprobs[w]``: teacher-forced log-probability of each word of ``split.share(w)`` in window w."""
+    cuts = split.estimates.copy()
+    for boundary, (lo, hi) in enumerate(split.zones):
+        if hi <= lo:
+            continue
+        left = _zone_scores(split, boundary, logprobs[boundary], lo, hi)
+        right = _zone_scores(split, boundary + 1, logprobs[boundary + 1], lo, hi)
+        if left is None:
+            continue
+        positions = lo + np.flatnonzero(split.aligned[lo:hi])
+        # score[c]: words before position c from the left window, the rest from the right one.
+        from_left = np.concatenate([[0.0], np.cumsum(left)])
+        from_right = np.concatenate([np.cumsum(right[::-1])[::-1], [0.0]])
+        score = from_left + from_right
+        candidates = np.append(positions, hi)
+        best = np.flatnonzero(score >= score.max() - 1e-9)
+        cuts[boundary] = candidates[best[np.argmin(np.abs(candidates[best] - split.estimates[boundary]))]]
+    return np.maximum.accumulate(cuts) if len(cuts) else cuts
+
+
+def _zone_scores(split: Split, window: int, logprobs: np.ndarray, lo: int, hi: int) -> np.ndarray | None:
+    share = split.share(window)
+    inside = (share >= lo) & (share < hi)
+    if not inside.any():
+        return None
+    return np.maximum(np.asarray(logprobs, dtype=np.float64)[inside], MIN_LOGPROB)
+
+
+def owners(split: Split, cuts: np.ndarray) -> np.ndarray:
+    """Window of each given word (-1: not aligned)."""
+    window = np.searchsorted(cuts, np.arange(len(split.words)), side="right")
+    return np.where(split.aligned, window, -1)
+
+
+# ---------------------------------------------------------------------------- plans
+
+
+def transcription_plans(
+    samples: np.ndarray, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
+) -> list[decoding.Plan]:
+    """One greedy transcription plan per window (no word timings): what the model hears in each."""
+    plan = decoding.plan_transcription(
+        samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens
+    )
+    return [decoding.Plan([w], w.duration, plan.language, plan.task, False) for w in plan.windows]
+
+
+def alignment_plans(
+    heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
+    token_ids: Sequence[int], language: str,
+) -> tuple[Split, list[decoding.Plan | None]]:
+    """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
+    as ``bodies``), and one alignment plan per window (None for a window without text)."""
+    given = text_words(token_ids, tokens, language)
+    split = split_text(given, [heard_keys(body["text"], tokens, language) for body in bodies])
+    room = MAX_DECODER_TOKENS - len(tokens.transcription_prompt(language)) - 1
+    plans: list[decoding.Plan | None] = []
+    for index, plan in enumerate(heard):
+        window = plan.windows[0]
+        share = split.share_tokens(index)
+        if not share:
+            plans.append(None)
+            continue
+        if len(share) > room:
+            raise decoding.AlignmentInputError(
+                f"the text that falls in {window.offset:.1f}-{window.offset + window.duration:.1f} s is "
+                f"{len(share)} tokens; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
+                "decoder context"
+            )
+        aligned = decoding.plan_alignment(window.samples, tokens, token_ids=share, language=language)
+        aligned.windows[0].offset = window.offset
+        plans.append(aligned)
+    return split, plans
+
+
+# ---------------------------------------------------------------------------- joining
+
+
+def finish(
+    split: Split, plans: Sequence[decoding.Plan | None], bodies: Sequence[dict[str, Any] | None],
+    tokens: WhisperTokens, duration: float, language: str,
+) -> dict[str, Any]:
+    """Every given word in order, from the window that holds it, as ``results.finish``'s body
+    (+ ``aligned`` on each word)."""
+    windows = [_WindowWords.read(split, w, body) for w, body in enumerate(bodies)]
+    owner = owners(split, choose_cuts(split, [w.logprobs for w in windows]))
+    taken = [
+        windows[window].take(index, word) if window >= 0 else None
+        for index, (window, word) in enumerate(zip(owner, split.words, strict=True))
+    ]
+    flags = [piece is not None for piece in taken]
+    places = _unaligned_times([piece[0] if piece else None for piece in taken])
+    words: list[results.Word] = []
+    timings: list[results.TokenTiming] = []
+    for word, piece, place in zip(split.words, taken, places, strict=True):
+        word_result, token_timings = piece if piece is not None else _unaligned(word, place, tokens)
+        words.append(word_result)
+        timings += token_timings
+    _monotonic(words)
+    segments = [
+        segment for window, plan in zip(windows, plans, strict=True) if plan is not None
+        for segment in window.segments(plan.windows[0], tokens)
+    ]
+    plan = decoding.Plan([], duration, language, "align", True)
+    body = results.assemble(plan, [results.WindowResult(segments, words, timings)])
+    body["text"] = tokens.decode([t for w in split.words for t in w.tokens]).strip()
+    for entry, flag in zip(body["words"], flags, strict=True):
+        entry["aligned"] = flag
+    errors = [e for b in bodies if b for e in b.get("alignment_errors", [])]
+    if errors:
+        body["alignment_errors"] = errors
+    return body
+
+
+def mark_aligned(body: dict[str, Any]) -> dict[str, Any]:
+    """A single-window alignment's body in the long form's shape: every word aligned."""
+    for word in body.get("words") or []:
+        word["aligned"] = True
+    return body
+
+
+class _WindowWords:
+    """One window's alignment result, by given-word index."""
+
+    def __init__(self, share: np.ndarray, words: list[dict], tokens: list[dict], usable: bool):
+        self.share = {int(i): k for k, i in enumerate(share)}
+        self.words, self.tokens, self.usable = words, tokens, usable
+        self.token_start = np.zeros(len(share) + 1, dtype=np.int64)
+        self.chosen: list[tuple[results.Word, list[float]]] = []
+
+    @classmethod
+    def read(cls, split: Split, window: int, body: dict[str, Any] | None) -> _WindowWords:
+        share = split.share(window)
+        words, token_list = (body.get("words") or [], body.get("tokens") or []) if body else ([], [])
+        counts = [len(split.words[i].tokens) for i in share]
+        usable = body is not None and len(token_list) == sum(counts)
+        result = cls(share, words, token_list, usable)
+        result.token_start[1:] = np.cumsum(counts)
+        return result
+
+    @property
+    def logprobs(self) -> np.ndarray:
+        """Teacher-forced log-probability of each share word (MIN_LOGPROB each without a result)."""
+        if not self.usable:
+            return np.full(len(self.share), MIN_LOGPROB)
+        token_logprobs = np.log(np.maximum([t["probability"] for t in self.tokens], 1e-30))
+        return np.add.reduceat(token_logprobs, self.token_start[:-1]) if len(self.share) else np.zeros(0)
+
+    def take(self, index: int, word: TextWord) -> tuple[results.Word, list[results.TokenTiming]] | None:
+        position = self.share.get(index)
+        if not self.usable or position is None:
+            return None
+        pieces = self.tokens[self.token_start[position] : self.token_start[position + 1]]
+        timings = [results.TokenTiming(**piece) for piece in pieces]
+        if len(self.words) == len(self.share):  # the word rules' times (durations, out of silence)
+            timed = self.words[position]
+            start, end, probability = timed["start"], timed["end"], timed["probability"]
+        else:
+            start, end = timings[0].start, timings[-1].end
+            probability = float(np.mean([t.probability for t in timings]))
+        chosen = results.Word(start, end, word.text, probability, list(word.tokens))
+        self.chosen.append((chosen, [float(np.log(max(t.probability, 1e-30))) for t in timings]))
+        return chosen, timings
+
+    def segments(self, window: decoding.WindowRequest, tokens: WhisperTokens) -> list[results.Segment]:
+        if not self.chosen:
+            return []
+        words = [w for w, _ in self.chosen]
+        ids = [t for w in words for t in w.tokens]
+        output = decoding.WindowOutput(ids, [lp for _, lps in self.chosen for lp in lps])
+        segments, _ = results.window_segments(window, output, words, tokens.decode(ids))
+        return segments
+
+
+def _unaligned(word: TextWord, time: float, tokens: WhisperTokens):
+    """A word aligned nowhere: zero length at ``time``, probability 0."""
+    timings = [results.TokenTiming(t, tokens.decode_with_special([t]), time, time, 0.0) for t in word.tokens]
+    return results.Word(time, time, word.text, 0.0, list(word.tokens)), timings
+
+
+def _unaligned_times(aligned: list[results.Word | None]) -> np.ndarray:
+    """Where each unaligned word sits: the previous aligned word's end, else the next one's start."""
+    ends = np.array([np.nan if w is None else w.end for w in aligned], dtype=np.float64)
+    starts = np.array([np.nan if w is None else w.start for w in aligned], dtype=np.float64)
+    known = np.flatnonzero(~np.isnan(ends))
+    if len(known) == 0:
+        return np.zeros(len(aligned))
+    previous = np.searchsorted(known, np.arange(len(aligned)), side="right") - 1
+    return np.where(previous >= 0, ends[known[np.maximum(previous, 0)]], starts[known[0]])
+
+
+def _monotonic(words: list[results.Word]) -> None:
+    """Starts never go back across window joins; a word never ends before it starts."""
+    latest = 0.0
+    for word in words:
+        word.start = max(word.start, latest)
+        word.end = max(word.end, word.start)
+        latest = word.start
