@@ -589,8 +589,10 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
             "this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
             else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."
         ),
-        "- All systems decode greedily (temperature 0, no fallback, one beam; transformers' pipeline would "
-        "use 5 beams by default). Each keeps its own cap on tokens per 30 s window: openai-whisper 224 "
+        "- The peers decode greedily (temperature 0, no fallback, one beam; transformers' pipeline would "
+        "use 5 beams by default); this project runs as a user gets it: greedy first, then openai-whisper's "
+        "temperature fallback (one sample per temperature, seeded) on the windows that fail its "
+        "thresholds, and its no-speech rule. Each keeps its own cap on tokens per 30 s window: openai-whisper 224 "
         "(its sample_len), transformers 256 (its pipeline default, or --transformers-max-new-tokens), "
         "faster-whisper 448 (the model's context), this project 16 + 12 per second of audio (at most 448). "
         "A clip on which a system loops (\"a cat, a cat, ...\") costs it a full window of tokens and holds "
