@@ -25,7 +25,6 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def aligner(model_dir):
     """The offline API over a real engine; float32 so parity with openai-whisper (float32) is fair."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm_whisper_align.offline import WhisperAligner
 
     engine = WhisperAligner(
@@ -81,7 +80,7 @@ def running_server(model: str | Path, log_dir: Path, served_name: str | None = N
         *(["--served-model-name", served_name] if served_name else []), *args,
     ]
     full_env = dict(os.environ, **(env or {}))
-    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the aligner fixture sets it in this process
+    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # serve sizes its KV cache itself; a stray value would win
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     base = f"http://127.0.0.1:{port}"

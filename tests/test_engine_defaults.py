@@ -87,7 +87,8 @@ USER_SERVE_ARGV = ["--port", "8000", "--dtype=auto", "--served-model-name", "min
 
 
 @pytest.mark.parametrize("argv", [[], USER_SERVE_ARGV])
-def test_serve_passes_only_what_the_user_did_not(model_dir, argv):
+def test_serve_passes_only_what_the_user_did_not(model_dir, argv, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # the user's KV setting would win
     flags, env = cli._serve_defaults(None, str(model_dir), argv)
     options = dict(zip(flags[::2], flags[1::2], strict=True))
     if argv:
