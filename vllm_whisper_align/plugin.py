@@ -30,6 +30,7 @@ def register() -> None:
     from vllm import ModelRegistry
 
     vllm_adapter.check_vllm()
+    vllm_adapter.guard_kernel_override_scan()
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(

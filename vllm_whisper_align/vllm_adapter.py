@@ -141,3 +141,56 @@ def speech_to_text_handler(app_state: Any, task: str) -> Any:
     public accessor for an endpoint plugin that overrides the route."""
     name = "openai_serving_transcription" if task == "transcribe" else "openai_serving_translation"
     return getattr(app_state, name, None)
+
+
+# ---------------------------------------------------------------------------- kernel-override scan
+
+
+def guard_kernel_override_scan() -> None:
+    """Keep vLLM's Triton-override scan from crashing a worker whose ``__main__`` imported numba.
+
+    ``vllm.triton_utils.dispatcher._rebind_kernels`` (0.32) walks every module in ``sys.modules``
+    and calls ``vars(value).get("kernel")`` on each module attribute that has a ``__dict__``.
+    llvmlite's ``binding.ffi.lib`` (imported with numba, which this plugin's DTW uses) answers any
+    attribute, ``__dict__`` included, with a function wrapper, so the scan raises AttributeError and
+    the worker dies at start. That happens whenever the script that starts the engine imports this
+    package at the top (the worker re-imports ``__main__`` before it initialises). vLLM calls this
+    plugin just before the scan; the wrapper hides, for the scan only, the modules holding such
+    objects (none of them holds a Triton kernel).
+    """
+    import sys
+
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:
+        return
+    original = getattr(dispatcher, "_rebind_kernels", None)
+    if original is None or getattr(original, "whisper_align_guarded", False):
+        return
+
+    def rebind_kernels(overrides):
+        hidden = {name: module for name, module in list(sys.modules.items()) if _confuses_scan(module)}
+        for name in hidden:
+            del sys.modules[name]
+        try:
+            return original(overrides)
+        finally:
+            sys.modules.update(hidden)
+
+    rebind_kernels.whisper_align_guarded = True
+    rebind_kernels.__wrapped_original__ = original
+    dispatcher._rebind_kernels = rebind_kernels
+
+
+def _confuses_scan(module: Any) -> bool:
+    """Whether the scan's ``vars(value).get("kernel")`` would raise on one of ``module``'s values."""
+    namespace = getattr(module, "__dict__", None)
+    if not isinstance(namespace, dict):
+        return False
+    for value in list(namespace.values()):
+        try:
+            if hasattr(value, "__dict__") and not callable(getattr(vars(value), "get", None)):
+                return True
+        except Exception:  # the scan would fail on it too
+            return True
+    return False
