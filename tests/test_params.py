@@ -74,3 +74,28 @@ def test_moved_vllm_internals_are_named(monkeypatch):
     monkeypatch.delattr(WorkerWrapperBase, "execute_model")
     with pytest.raises(vllm_adapter.UnsupportedVllmError, match="WorkerWrapperBase.execute_model"):
         vllm_adapter.check_vllm()
+
+
+def test_kernel_override_scan_survives_numba_imported_first():
+    """A script that imports this package at the top makes vLLM's workers import numba (llvmlite)
+    before vLLM's Triton-override scan, which then died on llvmlite's ``ffi.lib``."""
+    import sys
+
+    import llvmlite.binding  # noqa: F401  (what importing vllm_whisper_align.timing brings)
+    from vllm.triton_utils import dispatcher
+
+    from vllm_whisper_align import vllm_adapter
+
+    original = dispatcher._rebind_kernels
+    try:
+        dispatcher._rebind_kernels = getattr(original, "__wrapped_original__", original)
+        if getattr(dispatcher._rebind_kernels, "whisper_align_guarded", False):
+            pytest.skip("the guard was installed without a way back to the original")
+        with pytest.raises(AttributeError):
+            dispatcher._rebind_kernels([(object(), object())])
+        vllm_adapter.guard_kernel_override_scan()
+        modules_before = set(sys.modules)
+        dispatcher._rebind_kernels([(object(), object())])
+        assert set(sys.modules) == modules_before
+    finally:
+        dispatcher._rebind_kernels = original
