@@ -1,8 +1,11 @@
 """Synthetic speech with known word boundaries, for timestamp tests.
 
-Each word is spoken on its own by espeak-ng, trimmed to where its sound starts and
-ends, and joined with exact silences, so the true start/end of every word is known
-to the sample. Synthesized words are cached on disk because espeak-ng is the slow part.
+Two kinds. Words with pauses (:func:`synthesize_words`): each word is spoken on its own by
+espeak-ng, trimmed to where its sound starts and ends, and joined with exact silences, so the true
+start/end of every word is known to the sample. Continuous speech (:func:`synthesize_sentence`):
+a whole sentence in one breath from libespeak-ng, whose WORD events give each word's start sample
+(no pauses to snap to: the harder case). Synthesized audio is cached on disk because espeak-ng is
+the slow part.
 """
 
 import functools
@@ -23,6 +26,7 @@ from vllm_whisper_align.audio import SAMPLE_RATE, decode_audio
 TRIM_THRESHOLD = 1e-3
 # Bump when synthesis or trimming changes, so stale cache entries are ignored.
 CACHE_VERSION = 1
+SENTENCE_CACHE_VERSION = 2
 
 
 @dataclass
@@ -86,6 +90,61 @@ def speak_word(word: str, voice: str = "en-us", rate: int = 160) -> np.ndarray:
     sound = _trim_silence(_run_espeak(word, voice, rate))
     _save_atomically(cache_file, sound)
     return sound
+
+
+def synthesize_sentence(
+    text: str,
+    voice: str = "en-us",
+    rate: int = 160,
+    lead_s: float = 0.5,
+    tail_s: float = 0.5,
+    noise_db: Optional[float] = None,
+    seed: int = 0,
+) -> SpokenClip:
+    """``text`` spoken continuously (no pauses between words), with each word's true start.
+
+    Starts come from libespeak-ng's WORD events (a stop's closure counts as part of its word, as
+    in TIMIT); a word espeak-ng speaks together with its neighbour has a NaN start. Only the last
+    word's end is known (where the sound stops); the other ends are NaN.
+    """
+    samples, starts = speak_sentence(text, voice, rate)
+    lead = _silence(lead_s)
+    starts = [start + len(lead) / SAMPLE_RATE for start in starts]
+    ends = [float("nan")] * (len(starts) - 1) + [(len(lead) + len(samples)) / SAMPLE_RATE]
+    samples = np.concatenate([lead, samples, _silence(tail_s)])
+    if noise_db is not None:
+        samples = _add_noise(samples, noise_db, seed)
+    return SpokenClip(samples, text.split(), starts, ends, text)
+
+
+def speak_sentence(text: str, voice: str = "en-us", rate: int = 160) -> tuple[np.ndarray, list[float]]:
+    """A sentence from libespeak-ng at SAMPLE_RATE, trimmed to its sound, and each word's start in
+    seconds from the first sample (NaN where espeak-ng gave no event); cached on disk."""
+    cache_file = _cache_dir() / f"{_cache_key(('sentence', SENTENCE_CACHE_VERSION, text), voice, rate)}.npz"
+    if cache_file.exists():
+        with np.load(cache_file) as cached:
+            return cached["samples"], cached["starts"].tolist()
+    from espeak_events import speak_sentence as speak, word_starts
+
+    wav, source_rate, events = speak(text, voice, rate)
+    loud = np.flatnonzero(np.abs(wav) > TRIM_THRESHOLD * np.abs(wav).max(initial=0))
+    if len(loud) == 0:
+        raise ValueError("espeak-ng produced silence")
+    first, last = loud[0], loud[-1] + 1
+    samples = _resample(wav[first:last], source_rate)
+    # np.maximum keeps NaN (the builtin max would turn it into 0.0)
+    starts = np.maximum(np.asarray(word_starts(text, events, source_rate)) - first / source_rate, 0.0)
+    _save_atomically(cache_file, samples, starts=starts)
+    return samples, starts.tolist()
+
+
+def _resample(wav: np.ndarray, source_rate: int) -> np.ndarray:
+    # Through a WAV and decode_audio, so both kinds of speech use the same resampler.
+    import io
+
+    buffer = io.BytesIO()
+    write_wav(buffer, wav.astype(np.float32) / 32768, source_rate)
+    return decode_audio(buffer.getvalue(), SAMPLE_RATE)
 
 
 def write_wav(path, samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> None:
@@ -194,26 +253,34 @@ def _cache_key(word: str, voice: str, rate: int) -> str:
     return hashlib.sha256(repr((CACHE_VERSION, word, voice, rate)).encode()).hexdigest()[:32]
 
 
-def _save_atomically(path: Path, samples: np.ndarray) -> None:
+def _save_atomically(path: Path, samples: np.ndarray, **more: np.ndarray) -> None:
     # Parallel test workers may synthesize the same word; never expose a half-written file.
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy.tmp", delete=False) as temporary:
-        np.save(temporary, samples)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=path.suffix + ".tmp", delete=False) as temporary:
+        if more:
+            np.savez(temporary, samples=samples, **more)
+        else:
+            np.save(temporary, samples)
     os.replace(temporary.name, path)
 
 
 def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
-    """|heard start - true start| per spoken word, inf for words the transcript lacks.
+    """|heard start - true start| per spoken word, inf for words the transcript lacks, NaN for words
+    whose true start is unknown (see :func:`synthesize_sentence`).
 
     Spoken and heard words (lowercased, punctuation stripped) are paired by a minimum edit-distance
     alignment, so repeated phrases and repeated words pair with the right occurrence.
     """
-    spoken = [w.lower() for w in clip.words]
-    heard = [w["word"].strip(" .,!?;:\"'").lower() for w in words]
+    spoken = [_plain(w) for w in clip.words]
+    heard = [_plain(w["word"]) for w in words]
     errors = np.full(len(spoken), np.inf)
     for i, j in align_words(spoken, heard):
         errors[i] = abs(words[j]["start"] - clip.starts[i])
     return errors
+
+
+def _plain(word: str) -> str:
+    return word.strip(" .,!?;:\"'").lower()
 
 
 def align_words(spoken: Sequence[str], heard: Sequence[str]) -> list[tuple[int, int]]:
