@@ -513,3 +513,21 @@ def test_long_silence_is_cut_into_full_windows():
     as openai-whisper's are (27.5 s windows made three, each a chance to invent a word)."""
     chunks = chunk_audio(np.zeros(60 * SAMPLE_RATE, dtype=np.float32))
     assert [len(c.samples) for c in chunks] == [30 * SAMPLE_RATE, 30 * SAMPLE_RATE]
+
+
+def test_onset_strength_peaks_where_a_sound_begins():
+    from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, onset_strength
+
+    rng = np.random.default_rng(0)
+    samples = np.concatenate([
+        rng.normal(0, 1e-4, 8000),  # 0.5 s of near-silence
+        0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000),  # a tone from 0.5 s
+        # the tone goes on and noise joins it at 1 s
+        0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000) + 0.3 * rng.normal(0, 1, 8000),
+    ]).astype(np.float32)
+    onsets = onset_strength(samples)
+    assert len(onsets) == len(samples) // 160 + 1
+    half = int(0.75 / ONSET_FRAME_SECONDS)
+    assert np.argmax(onsets[:half]) * ONSET_FRAME_SECONDS == pytest.approx(0.5, abs=0.02)
+    assert (half + np.argmax(onsets[half:])) * ONSET_FRAME_SECONDS == pytest.approx(1.0, abs=0.02)
+    assert onset_strength(np.zeros(10, dtype=np.float32)).shape == (1,)

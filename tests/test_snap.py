@@ -4,7 +4,7 @@ import numpy as np
 
 from speech import synthesize_words
 from vllm_whisper_align.audio import speech_frames
-from vllm_whisper_align.word_timing import WordTiming, snap_to_speech
+from vllm_whisper_align.word_timing import WordTiming, extend_ends, refine_starts, snap_to_speech
 
 
 def test_speech_mask_marks_words_and_gaps():
@@ -45,3 +45,75 @@ def test_snap_leaves_words_over_pure_silence_and_respects_offset():
     snap_to_speech([silent, late], speech, offset=30.0)
     assert (silent.start, silent.end) == (30.0, 30.1)
     assert (late.start, late.end) == (30.2, 30.4)
+
+
+def test_neighbour_sound_skips_the_previous_and_next_words_tails():
+    # sound 0.0-0.4 (the word before), silence 0.4-0.7, the word 0.7-1.1, silence 1.1-1.3, next word
+    speech = np.array([1] * 20 + [0] * 15 + [1] * 20 + [0] * 10 + [1] * 20, dtype=bool)
+    plain = WordTiming(" w", [1], 0.3, 1.4, 1.0)
+    sharp = WordTiming(" w", [1], 0.3, 1.4, 1.0)
+    snap_to_speech([plain], speech, 0.0)
+    snap_to_speech([sharp], speech, 0.0, neighbour_sound=True)
+    assert (plain.start, plain.end) == (0.3, 1.4)  # trimmed only to the sound it covers
+    assert (sharp.start, sharp.end) == (0.7, 1.1)
+
+
+def test_neighbour_sound_keeps_a_word_that_is_only_sound_then_silence():
+    speech = np.array([1] * 20 + [0] * 20, dtype=bool)
+    word = WordTiming(" w", [1], 0.1, 0.6, 1.0)
+    snap_to_speech([word], speech, 0.0, neighbour_sound=True)
+    assert (word.start, word.end) == (0.1, 0.4)
+
+
+def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:
+    onsets = np.full(length, 0.1, dtype=np.float32)
+    onsets[int(round(seconds / 0.01))] = 5.0
+    return onsets
+
+
+def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
+    speech = np.ones(150, dtype=bool)
+    word = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    refine_starts([word], _onsets_with_peak_at(1.04), speech, 0.0, 0.01)
+    assert word.start == 1.04
+    far = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    refine_starts([far], _onsets_with_peak_at(1.2), speech, 0.0, 0.01)  # beyond ONSET_SEARCH_S
+    assert far.start == 1.0  # nothing stronger in reach: it stays
+
+
+def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
+    speech = np.array([0] * 50 + [1] * 100, dtype=bool)
+    after_silence = WordTiming(" a", [1], 1.0, 1.5, 1.0)
+    refine_starts([after_silence], _onsets_with_peak_at(1.05), speech, 0.0, 0.01)
+    assert after_silence.start == 1.0
+    speech = np.ones(150, dtype=bool)
+    first, second = WordTiming(" a", [1], 0.5, 1.0, 1.0), WordTiming(" b", [2], 1.02, 1.5, 1.0)
+    refine_starts([first, second], _onsets_with_peak_at(0.97), speech, 0.0, 0.01)
+    assert second.start >= 1.0
+
+
+def test_refine_respects_the_offset():
+    speech = np.ones(150, dtype=bool)
+    word = WordTiming(" w", [1], 31.0, 31.5, 1.0)
+    refine_starts([word], _onsets_with_peak_at(0.97), speech, 30.0, 0.01)
+    assert word.start == 30.97
+
+
+def test_extend_ends_runs_an_end_inside_sound_on_to_the_pause():
+    # word 0.0-0.6 of sound, pause 0.6-0.9, next word from 0.9
+    speech = np.array([1] * 30 + [0] * 15 + [1] * 20, dtype=bool)
+    early = WordTiming(" a", [1], 0.0, 0.4, 1.0)
+    following = WordTiming(" b", [2], 0.9, 1.3, 1.0)
+    extend_ends([early, following], speech, 0.0)
+    assert early.end == 0.6 and following.end == 1.3  # the last word runs to its sound's end
+
+
+def test_extend_ends_keeps_ends_in_continuous_speech_and_after_sound():
+    speech = np.ones(60, dtype=bool)
+    word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.4, 0.8, 1.0)
+    extend_ends([word, following], speech, 0.0)
+    assert word.end == 0.4  # no pause before the next word: nothing to extend to
+    speech = np.array([1] * 10 + [0] * 50, dtype=bool)
+    quiet_end = WordTiming(" a", [1], 0.0, 0.5, 1.0)
+    extend_ends([quiet_end], speech, 0.0)
+    assert quiet_end.end == 0.5  # ends in silence already

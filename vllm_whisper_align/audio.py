@@ -437,3 +437,29 @@ def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
         if end - start < min_frames and start > 0 and end < len(speech):
             speech[start:end] = True
     return speech
+
+
+# ---------------------------------------------------------------------------- onsets
+
+# Spectral flux on Whisper's own STFT geometry: 25 ms windows every 10 ms.
+ONSET_FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE
+ONSET_BANDS = 40
+
+
+def onset_strength(samples: np.ndarray) -> np.ndarray:
+    """Spectral flux per 10 ms frame: how much the log-power spectrum rises from the frame before.
+
+    Frame k is centred on sample k * HOP_LENGTH (the STFT is padded by half a window, as Whisper's
+    log-mel is). Power is summed into ``ONSET_BANDS`` equal bands before the log, so one noisy bin
+    cannot make an onset; only rises count (a word starts where new energy appears).
+    """
+    samples = np.asarray(samples, dtype=np.float32)
+    padded = np.pad(samples, (N_FFT // 2, N_FFT // 2))
+    if len(padded) < N_FFT:
+        return np.zeros(0, dtype=np.float32)
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH] * np.hanning(N_FFT)
+    power = np.abs(np.fft.rfft(frames, axis=-1)[:, 1:]) ** 2
+    bands = np.stack([band.sum(axis=-1) for band in np.array_split(power, ONSET_BANDS, axis=-1)], axis=-1)
+    log_power = np.log10(bands + 1e-10)
+    rise = np.diff(log_power, axis=0, prepend=log_power[:1])
+    return np.maximum(rise, 0).sum(axis=-1).astype(np.float32)

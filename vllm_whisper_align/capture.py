@@ -74,8 +74,15 @@ class AlignmentCapture:
         max_parked: int = MAX_PARKED,
         hidden: torch.Tensor | None = None,
         logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        tuned_heads: tuple[int, ...] | None = None,
+        candidate_heads: tuple[int, ...] | None = None,
     ):
         self.layers = layers
+        # Which captured heads (indices in capture order) the fixed and the selected ways read;
+        # they travel with every result so the caller needs no copy of the model's head list.
+        num_captured = sum(len(layer.capture_heads) for layer in layers)
+        self.tuned_heads = list(range(num_captured) if tuned_heads is None else tuned_heads)
+        self.candidate_heads = list(range(num_captured) if candidate_heads is None else candidate_heads)
         # This step's decoder output [max_tokens, d_model] and the model's LM head, for no_speech_prob.
         self.hidden = hidden
         self.logits_of = logits_of
@@ -273,7 +280,7 @@ class AlignmentCapture:
             if request.key in by_key:
                 self._park(by_key[request.key])
             parked = self.parked.pop(request.key, None)
-            results.append(_qk_result(parked, request))
+            results.append(_qk_result(parked, request, self.tuned_heads, self.candidate_heads))
         return results
 
     def no_speech_probs(self, keys: list[str]) -> list[dict[str, Any]]:
@@ -338,7 +345,9 @@ def _num_computed_tokens(scheduler_output: Any) -> dict[str, int]:
     return computed
 
 
-def _qk_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, Any]:
+def _qk_result(
+    parked: _Parked | None, request: AlignmentRequest, tuned: list[int], candidates: list[int]
+) -> dict[str, Any]:
     if parked is None:
         return {"key": request.key, "error": "no alignment captured for this request (expired, "
                 "never asked for, or served by another engine)"}
@@ -348,4 +357,5 @@ def _qk_result(parked: _Parked | None, request: AlignmentRequest) -> dict[str, A
     rows = min(parked.qk.shape[1], parked.params.rows_sent(request.num_text_tokens))
     cross_qk = np.ascontiguousarray(parked.qk[:, :rows], dtype=np.float32)
     # Raw bytes: the RPC's msgpack encoder would turn an ndarray into nested lists.
-    return {"key": request.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape)}
+    return {"key": request.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape),
+            "tuned_heads": tuned, "candidate_heads": candidates}

@@ -23,7 +23,8 @@ from vllm_whisper_align.audio import (
     CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, chunk_audio, num_mel_frames,
 )
 from vllm_whisper_align.params import (
-    MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams, new_alignment_key,
+    DEFAULT_HEAD_SELECTION, MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams,
+    new_alignment_key,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -264,9 +265,11 @@ def plan_transcription(
     sampling: dict[str, Any] | None = None,
     suppress_tokens: Sequence[int] = (),
     fallback: FallbackOptions | None = None,
+    head_selection: str = DEFAULT_HEAD_SELECTION,
 ) -> Plan:
     """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (top_p, seed…); the
-    temperature is ``fallback``'s first (default: openai-whisper's transcribe options)."""
+    temperature is ``fallback``'s first (default: openai-whisper's transcribe options);
+    ``head_selection`` says how word times are read (``params.HEAD_SELECTIONS``)."""
     fallback = fallback or FallbackOptions()
     fallback.validate()
     previous = previous_text_tokens(prompt, tokens)
@@ -280,7 +283,7 @@ def plan_transcription(
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
         if word_timestamps and can_align(len(chunk.samples)):
             alignment = AlignmentParams.for_prompt(
-                num_mel_frames(len(chunk.samples)), len(previous), len(start)
+                num_mel_frames(len(chunk.samples)), len(previous), len(start), head_selection=head_selection
             )
         no_speech = None
         if tokens.no_speech is not None:
@@ -386,6 +389,7 @@ def plan_alignment(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     language: str | None = None,
+    head_selection: str = DEFAULT_HEAD_SELECTION,
 ) -> Plan:
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot]."""
     language = "en" if tokens.is_english_only and language is None else (language or "en")
@@ -407,7 +411,9 @@ def plan_alignment(
             f"text is {len(text_tokens)} tokens; at most {MAX_DECODER_TOKENS - len(start) - 1} "
             f"fit in Whisper's {MAX_DECODER_TOKENS}-token decoder context"
         )
-    alignment = AlignmentParams.for_prompt(num_mel_frames(len(samples)), 0, len(start))
+    alignment = AlignmentParams.for_prompt(
+        num_mel_frames(len(samples)), 0, len(start), head_selection=head_selection
+    )
     sampling = SamplingParams(
         temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()
     )

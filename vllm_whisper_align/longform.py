@@ -32,7 +32,7 @@ import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
 from vllm_whisper_align.audio import N_SAMPLES
-from vllm_whisper_align.params import MAX_DECODER_TOKENS
+from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
 # A run of at least this many given words between two matches, against which the model heard at most
@@ -360,7 +360,7 @@ def transcription_plans(
 
 def alignment_plans(
     heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    token_ids: Sequence[int], language: str,
+    token_ids: Sequence[int], language: str, head_selection: str = DEFAULT_HEAD_SELECTION,
 ) -> tuple[Split, list[decoding.Plan | None]]:
     """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
     as ``bodies``), and one alignment plan per window (None for a window without text)."""
@@ -380,7 +380,9 @@ def alignment_plans(
                 f"{len(share)} tokens; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
                 "decoder context"
             )
-        aligned = decoding.plan_alignment(window.samples, tokens, token_ids=share, language=language)
+        aligned = decoding.plan_alignment(
+            window.samples, tokens, token_ids=share, language=language, head_selection=head_selection
+        )
         aligned.windows[0].offset = window.offset
         plans.append(aligned)
     return split, plans

@@ -21,7 +21,7 @@ from vllm.model_executor.models.whisper import (
 )
 
 from vllm_whisper_align.capture import AlignmentCapture
-from vllm_whisper_align.heads import resolve_alignment_heads
+from vllm_whisper_align.heads import captured_heads, resolve_alignment_heads
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import WhisperAlignConfig
 from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
@@ -104,6 +104,9 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             config.decoder_layers,
             config.decoder_attention_heads,
         )
+        self.captured_heads = captured_heads(
+            self.alignment_heads, config.decoder_layers, config.decoder_attention_heads
+        )
         self.alignment_capture: AlignmentCapture | None = None
         if get_tensor_model_parallel_world_size() > 1:
             # Heads are split across ranks; gathering them is not implemented yet.
@@ -135,7 +138,7 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             max(1, -(-scheduler_config.max_num_encoder_input_tokens // encoder_rows)) * encoder_rows
         )
         layers = []
-        for layer_index, heads in self.alignment_heads.by_layer().items():
+        for layer_index, heads in self.captured_heads.by_layer().items():
             attention = self.model.decoder.layers[layer_index].encoder_attn
             attention.__class__ = CapturingCrossAttention
             attention.attach_capture(heads, max_tokens, max_encoder_rows)
@@ -150,9 +153,12 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             max_parked=self.align_config.max_parked,
             hidden=self.proj_out.weight.new_zeros((max_tokens, config.d_model)),
             logits_of=self.compute_logits,
+            tuned_heads=self.captured_heads.tuned,
+            candidate_heads=self.captured_heads.candidates,
         )
         logger.info(
-            "Word timestamps: capturing %d alignment heads (%s) in %d decoder layers",
-            len(self.alignment_heads.heads), self.alignment_heads.source, len(layers),
+            "Word timestamps: capturing %d heads in %d decoder layers (%d alignment heads from %s; "
+            "per-request selection from %d)", len(self.captured_heads.heads), len(layers),
+            len(self.alignment_heads.heads), self.alignment_heads.source, len(self.captured_heads.candidates),
         )
 

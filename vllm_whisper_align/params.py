@@ -21,6 +21,12 @@ from vllm_whisper_align.timing import MEDFILT_WIDTH
 EXTRA_ARGS_KEY = "whisper_align"
 NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
 
+# How word times are read from the captured heads: "auto" picks, per window, the heads whose
+# attention is sharpest (timing.select_heads) and refines starts to audio onsets; "fixed" is
+# openai-whisper's way, the model's tuned alignment heads (word_timing.snap_to_speech only).
+HEAD_SELECTIONS = ("auto", "fixed")
+DEFAULT_HEAD_SELECTION = "auto"
+
 # Decoder context of every Whisper model; the forced-alignment prompt must fit in it.
 MAX_DECODER_TOKENS = 448
 
@@ -54,6 +60,7 @@ class AlignmentParams:
     key: str = field(default_factory=new_alignment_key)
     medfilt_width: int = MEDFILT_WIDTH
     qk_scale: float = 1.0
+    head_selection: str = DEFAULT_HEAD_SELECTION
 
     @classmethod
     def for_prompt(
@@ -87,6 +94,7 @@ class AlignmentParams:
             raise ValueError(f"need 0 <= sot_row < text_row < {MAX_DECODER_TOKENS}")
         if self.medfilt_width < 1 or self.medfilt_width % 2 == 0:
             raise ValueError("medfilt_width must be a positive odd number")
+        check_head_selection(self.head_selection)
 
     def to_extra_args(self, extra_args: dict[str, Any] | None = None) -> dict[str, Any]:
         self.validate()
@@ -99,6 +107,13 @@ class AlignmentParams:
         if not extra_args or EXTRA_ARGS_KEY not in extra_args:
             return None
         return cls(**extra_args[EXTRA_ARGS_KEY])
+
+
+def check_head_selection(value: str) -> str:
+    if value not in HEAD_SELECTIONS:
+        choices = ", ".join(HEAD_SELECTIONS)
+        raise ValueError(f"head_selection must be one of {choices}; got {str(value)[:40]!r}")
+    return value
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vllm_whisper_align import timing, word_timing
-from vllm_whisper_align.audio import speech_frames
+from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, onset_strength, speech_frames
 from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest, compression_ratio, is_silent
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
@@ -82,13 +82,24 @@ class WindowResult:
 def window_matrix(window: WindowRequest, output: WindowOutput, fetched: dict | None) -> np.ndarray:
     """The DTW's input for one window from the worker's answer: rows that predict text and eot.
 
-    Raises ``ValueError`` with the worker's message when it has nothing for this window."""
+    With ``head_selection="auto"`` the heads are chosen for this window from the captured pool
+    (:func:`timing.select_heads` on the text rows); with ``"fixed"`` they are the model's tuned
+    alignment heads. Raises ``ValueError`` with the worker's message when it has nothing for this
+    window."""
     if fetched is None or "error" in fetched:
         raise ValueError((fetched or {}).get("error", "no alignment returned"))
     params = window.alignment
     cross_qk = np.frombuffer(fetched["cross_qk"], dtype=np.float32).reshape(fetched["shape"])
-    matrix = timing.alignment_matrix(cross_qk, params.num_frames, params.medfilt_width, params.qk_scale)
-    return matrix[params.text_rows(len(output.token_ids))]
+    text_rows = params.text_rows(len(output.token_ids))
+    if params.head_selection == "auto":
+        scores = timing.head_scores(cross_qk[:, text_rows], params.num_frames, params.medfilt_width)
+        heads = timing.select_heads(scores, fetched["candidate_heads"])
+    else:
+        heads = fetched["tuned_heads"]
+    matrix = timing.alignment_matrix(
+        cross_qk[heads], params.num_frames, params.medfilt_width, params.qk_scale
+    )
+    return matrix[text_rows]
 
 
 def window_words(
@@ -107,7 +118,14 @@ def window_words(
         [span], alignment, eot=tokens.eot, time_offset=window.offset, last_speech_timestamp=last_speech
     )
     timed: list[WordTiming] = span["words"]
-    word_timing.snap_to_speech(timed, speech_frames(window.samples), window.offset)
+    speech = speech_frames(window.samples)
+    sharp = window.alignment is not None and window.alignment.head_selection == "auto"
+    word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=sharp)
+    if sharp:
+        word_timing.refine_starts(
+            timed, onset_strength(window.samples), speech, window.offset, ONSET_FRAME_SECONDS
+        )
+        word_timing.extend_ends(timed, speech, window.offset)
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
     token_timings = [
         TokenTiming(

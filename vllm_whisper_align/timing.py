@@ -221,6 +221,34 @@ def alignment_matrix(
     return weights.mean(axis=0)
 
 
+# ---------------------------------------------------------------------------- head selection
+
+
+def head_scores(qk: np.ndarray, num_frames: int, medfilt_width: int = MEDFILT_WIDTH) -> np.ndarray:
+    """How sharply each head's attention aligns text to audio in this utterance (one score per head).
+
+    The filter of Yeh, Meng and Tang, "Whisper Has an Internal Word Aligner" (arXiv 2509.09987): the
+    logits are median-filtered along frames and softmaxed over the real frames, then a head scores
+    the sum of its rows' L2 norms (each token looks at few frames) plus the sum of its columns' L2
+    norms (each frame is looked at by few tokens). ``qk``: (heads, rows, encoder frames), the rows
+    to score (the text rows).
+    """
+    weights = median_filter(np.asarray(qk, dtype=np.float32)[:, :, : num_frames // 2], medfilt_width)
+    weights = _softmax(weights)
+    return np.linalg.norm(weights, axis=-1).sum(axis=-1) + np.linalg.norm(weights, axis=-2).sum(axis=-1)
+
+
+def select_heads(scores: np.ndarray, candidates: Sequence[int]) -> list[int]:
+    """The better-scoring half of ``candidates`` (indices into ``scores``), in ascending order.
+
+    Half, because on tiny.en's 12 upper-half heads the top 6 aligned best on both continuous speech
+    and speech with pauses (top 4-5 and 7-8 were worse; benchmarks/RESULTS.md).
+    """
+    candidates = list(candidates)
+    ranked = sorted(candidates, key=lambda index: -float(scores[index]))
+    return sorted(ranked[: max(1, len(candidates) // 2)])
+
+
 # ---------------------------------------------------------------------------- jump times
 
 

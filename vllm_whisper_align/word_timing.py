@@ -21,6 +21,12 @@ PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 
+# refine_starts: how far (s) a start may move to an onset, and how many 20 ms speech frames must
+# precede it for it to count as inside continuous speech. Chosen on a continuous-speech dev set
+# (benchmarks/RESULTS.md): ±60 ms beat ±40 ms and ±100 ms.
+ONSET_SEARCH_S = 0.06
+ONSET_AFTER_SOUND_FRAMES = 2
+
 # languages written without spaces: words are cut wherever the text decodes to whole characters
 UNSPACED_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
 
@@ -351,13 +357,20 @@ def add_word_timestamps(
 
 
 def snap_to_speech(
-    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = 0.02
+    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = 0.02,
+    neighbour_sound: bool = False,
 ) -> None:
     """Move word starts forward out of silence and word ends back out of it, in place.
 
     Not in the reference: DTW hands the silence before a word to that word (and a clip's leading
     silence to its first word, whose path must start at frame 0). ``speech`` is a per-frame mask
     of the audio that starts at ``offset`` seconds; a word keeps at least one frame.
+
+    ``neighbour_sound``: the selected heads (``timing.select_heads``) move on to the next token as
+    soon as a word's sound ends, so a word's span can begin in the tail of the word before it and
+    end in the head of the word after it. Then sound at the very start of a span that is followed
+    by a silence belongs to the previous word (the word starts after that silence), and likewise at
+    the end. Without it the word is simply trimmed to the sound it covers.
     """
     def frame(seconds: float) -> int:
         return int(round((seconds - offset) / frame_seconds))
@@ -366,8 +379,76 @@ def snap_to_speech(
         first, last = frame(word.start), frame(word.end)  # [first, last) frames of the word
         if not 0 <= first < last <= len(speech) or speech[first:last].all():
             continue
-        voiced = np.flatnonzero(speech[first:last])
-        if len(voiced) == 0:
+        voiced = _runs(speech[first:last])
+        if not voiced:
             continue  # no sound under the word at all: leave DTW's answer
-        word.start = round_time(offset + (first + voiced[0]) * frame_seconds)
-        word.end = round_time(offset + (first + voiced[-1] + 1) * frame_seconds)
+        start_run, end_run = voiced[0], voiced[-1]
+        if neighbour_sound and len(voiced) > 1:
+            if start_run[0] == 0:
+                start_run = voiced[1]
+            if end_run[1] == last - first:
+                end_run = voiced[-2]
+            if end_run[1] <= start_run[0]:
+                end_run = start_run
+        word.start = round_time(offset + (first + start_run[0]) * frame_seconds)
+        word.end = round_time(offset + (first + end_run[1]) * frame_seconds)
+
+
+def refine_starts(
+    words: list[WordTiming], onsets: np.ndarray, speech: np.ndarray, offset: float,
+    onset_seconds: float, speech_seconds: float = 0.02,
+) -> None:
+    """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it.
+
+    DTW only knows 20 ms encoder frames, and in continuous speech (no silence to snap to) its start
+    can sit a frame or more off the real one. ``onsets`` is the audio's onset strength per frame of
+    ``onset_seconds`` (``audio.onset_strength``), ``speech`` its speech mask per ``speech_seconds``;
+    both start at ``offset``. Starts after silence are left alone (``snap_to_speech`` placed them
+    on the sound's first frame), and a start never moves before the previous word's end or to the
+    word's end. In place.
+    """
+    previous_end = None
+    for word in words:
+        original_end = word.end
+        speech_frame = int(round((word.start - offset) / speech_seconds))
+        before = speech[max(0, speech_frame - ONSET_AFTER_SOUND_FRAMES) : speech_frame]
+        if speech_frame > 0 and len(before) and before.all():
+            low = word.start - ONSET_SEARCH_S if previous_end is None else max(word.start - ONSET_SEARCH_S,
+                                                                               previous_end)
+            high = min(word.start + ONSET_SEARCH_S, word.end - onset_seconds)
+            first = max(0, int(round((low - offset) / onset_seconds)))
+            last = min(len(onsets) - 1, int(round((high - offset) / onset_seconds)))
+            current = int(round((word.start - offset) / onset_seconds))
+            if last > first and 0 <= current < len(onsets):
+                peak = first + int(np.argmax(onsets[first : last + 1]))
+                if onsets[peak] > onsets[current]:  # no stronger onset nearby: stay
+                    word.start = round_time(offset + peak * onset_seconds)
+        previous_end = original_end
+
+
+def extend_ends(
+    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = 0.02
+) -> None:
+    """Move each end that falls inside sound forward to where that sound stops, in place.
+
+    The selected heads leave a word early, while its sound still goes on (on speech with pauses
+    their ends were ~110 ms early, median). Where the sound under a word's end stops before the
+    next word starts (a pause), the word ends there; in continuous speech there is no such pause
+    and the end stays. ``speech`` as in :func:`snap_to_speech`.
+    """
+    for index, word in enumerate(words):
+        end = int(round((word.end - offset) / frame_seconds))
+        limit = len(speech)
+        if index + 1 < len(words):
+            limit = min(limit, int(round((words[index + 1].start - offset) / frame_seconds)))
+        if not 0 < end < limit or not speech[end - 1]:
+            continue
+        quiet = np.flatnonzero(~speech[end:limit])
+        if len(quiet):
+            word.end = round_time(offset + (end + quiet[0]) * frame_seconds)
+
+
+def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of True in ``mask``."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
