@@ -2,10 +2,13 @@
 
     .venv/bin/python benchmarks/audio.py [--out benchmarks/out/audio]
 
-48 short clips (3-10 s: 30 sentences, 4 voices, rates 140-190 wpm, varied word gaps, a third with
-white noise at -45 or -35 dBFS) and 3 clips over 30 s (long_clip(40), long_clip(65), and a 50 s
-mix of voices with noise). Writes <id>.wav (16 kHz PCM16) and truth.json
-({id: {path, duration, words, starts, ends, voice, rate, noise_db}}); manifest.json lists them.
+48 short clips with pauses between words (3-10 s: 30 sentences, 4 voices, rates 140-190 wpm,
+varied word gaps, a third with white noise at -45 or -35 dBFS), 24 clips of continuous speech (two
+held-out sentences in one breath, 4 other voices, 145-195 wpm, a third with noise; starts from
+libespeak-ng's word events, NaN where a word has none, ends unknown but the last) and 3 clips over
+30 s (long_clip(40), long_clip(65), and a 50 s mix of voices with noise). Writes <id>.wav (16 kHz
+PCM16) and truth.json ({id: {path, duration, words, starts, ends, voice, rate, noise_db, speech}});
+manifest.json lists them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from speech import SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_words, write_wav  # noqa: E402
+from speech import (  # noqa: E402
+    SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_sentence, synthesize_words, write_wav,
+)
 
 SAMPLE_RATE = 16000
 
@@ -52,11 +57,37 @@ EXTRA_SENTENCES = [
 ]
 ALL_SENTENCES = list(SENTENCES) + EXTRA_SENTENCES
 
+# Continuous speech (no pauses between words; tests/speech.py synthesize_sentence). Held out: the
+# boundary method's constants (timing.select_heads, word_timing.ONSET_SEARCH_S) were chosen on other
+# sentences, voices and rates (pairs of ALL_SENTENCES; en-us, en, en-us+f3, en-gb-x-rp, en-us+m3,
+# en-029 at 140-190 wpm), never on these.
+CONTINUOUS_SENTENCES = [
+    "the farmer carried a basket of apples down the hill",
+    "a cold breeze came through the open door",
+    "my brother fixed the broken chair with glue",
+    "the students listened quietly to the old professor",
+    "we cooked soup with carrots and onions for dinner",
+    "the bright moon rose slowly over the lake",
+    "she painted a small picture of the harbour",
+    "the bus was late because of the heavy traffic",
+    "he planted a row of roses beside the fence",
+    "the kitten climbed onto the kitchen table",
+    "our neighbours sold their house last spring",
+    "the pilot greeted every passenger with a smile",
+    "heavy clouds gathered above the quiet town",
+    "the waiter brought us bread and warm butter",
+    "they walked along the beach until sunset",
+    "the old clock in the hall stopped at noon",
+]
+CONTINUOUS_VOICES = ["en-gb-scotland", "en+f2", "en-us+f4", "en-us+m1"]
+CONTINUOUS_RATES = [145, 165, 180, 195]
+NUM_CONTINUOUS = 24
+
 VOICES = ["en-us", "en-gb", "en-us+f3", "en-us+m3"]
 RATES = [140, 155, 170, 190]
 GAP_CYCLE = [0.15, 0.25, 0.4, 0.6, 0.2, 0.35, 0.5, 0.3, 0.1]
 NUM_SHORT = 48
-QUICK_IDS = ["s00", "s05", "long40"]
+QUICK_IDS = ["s00", "s05", "c00", "c01", "long40"]
 
 
 def short_clip_spec(index: int) -> dict:
@@ -82,6 +113,19 @@ def make_short(index: int) -> tuple[SpokenClip, dict]:
         tail_s=0.4, noise_db=spec["noise_db"], seed=spec["seed"],
     )
     return clip, {"voice": spec["voice"], "rate": spec["rate"], "noise_db": spec["noise_db"]}
+
+
+def make_continuous(index: int) -> tuple[SpokenClip, dict]:
+    """Two held-out sentences in one breath; a third of the clips with noise."""
+    n = len(CONTINUOUS_SENTENCES)
+    first, second = CONTINUOUS_SENTENCES[index % n], CONTINUOUS_SENTENCES[(5 * index + 3) % n]
+    text = f"{first[0].upper()}{first[1:]}. {second[0].upper()}{second[1:]}."
+    voice = CONTINUOUS_VOICES[index % len(CONTINUOUS_VOICES)]
+    rate = CONTINUOUS_RATES[(index // len(CONTINUOUS_VOICES)) % len(CONTINUOUS_RATES)]
+    noise = {1: -45.0, 2: -35.0}.get(index % 3)
+    clip = synthesize_sentence(text, voice, rate, lead_s=0.3 + 0.1 * (index % 4), tail_s=0.4,
+                               noise_db=noise, seed=100 + index)
+    return clip, {"voice": voice, "rate": rate, "noise_db": noise, "speech": "continuous"}
 
 
 def mixed_long(min_seconds: float, noise_db: float = -45.0) -> SpokenClip:
@@ -115,10 +159,13 @@ def build(out_dir: Path, log=print) -> dict:
 
     for index in range(NUM_SHORT):
         clip, meta = make_short(index)
-        add(f"s{index:02d}", clip, meta)
-    add("long40", long_clip(40), {"voice": "en-us", "rate": 160, "noise_db": None})
-    add("long65", long_clip(65), {"voice": "en-us", "rate": 160, "noise_db": None})
-    add("mixed50", mixed_long(50), {"voice": "mixed", "rate": None, "noise_db": -45.0})
+        add(f"s{index:02d}", clip, {**meta, "speech": "pauses"})
+    for index in range(NUM_CONTINUOUS):
+        clip, meta = make_continuous(index)
+        add(f"c{index:02d}", clip, meta)
+    add("long40", long_clip(40), {"voice": "en-us", "rate": 160, "noise_db": None, "speech": "pauses"})
+    add("long65", long_clip(65), {"voice": "en-us", "rate": 160, "noise_db": None, "speech": "pauses"})
+    add("mixed50", mixed_long(50), {"voice": "mixed", "rate": None, "noise_db": -45.0, "speech": "pauses"})
     (out_dir / "truth.json").write_text(json.dumps(truth, indent=1))
     total = sum(t["duration"] for t in truth.values())
     log(f"[audio] {len(truth)} clips, {total:.1f} s of audio in {out_dir}")

@@ -4,7 +4,8 @@ Spoken and heard words are paired like tests/speech.py's `start_errors`: a minim
 alignment (`speech.align_words`) of lowercased, punctuation-stripped words, so a repeated word or
 phrase pairs with the right occurrence. Words the transcript lacks (or spells differently) stay
 unpaired and count as misses in the "within X ms" shares, which are over ALL spoken words; the mean
-absolute errors are over paired words only.
+absolute errors are over paired words only. Words whose true start is unknown (continuous speech: a
+word libespeak-ng spoke together with its neighbour) are left out of every figure.
 """
 
 from __future__ import annotations
@@ -49,13 +50,17 @@ def file_errors(truth: dict, words: Sequence[dict]) -> dict[str, np.ndarray]:
     return {"start": start, "end": end}
 
 
+SPEECH_KINDS = ("pauses", "continuous")
+
+
 def accuracy(truth: dict[str, dict], files: dict[str, dict]) -> dict[str, Any]:
-    """Pooled over every spoken word of the files this run transcribed."""
+    """Pooled over every spoken word (with a known start) of the files this run transcribed."""
     starts, ends = [], []
     for clip_id, result in files.items():
         errors = file_errors(truth[clip_id], result.get("words") or [])
-        starts.append(errors["start"])
-        ends.append(errors["end"])
+        known = ~np.isnan(np.asarray(truth[clip_id]["starts"], dtype=float))
+        starts.append(errors["start"][known])
+        ends.append(errors["end"][known])
     if not starts:
         return {}
     signed = np.concatenate(starts)
@@ -72,6 +77,17 @@ def accuracy(truth: dict[str, dict], files: dict[str, dict]) -> dict[str, Any]:
     }
     for ms in THRESHOLDS_MS:
         out[f"start_within_{ms}ms_pct"] = _pct(np.mean(np.nan_to_num(start, nan=np.inf) <= ms / 1000))
+        if matched.any():
+            out[f"heard_within_{ms}ms_pct"] = _pct(np.mean(start[matched] <= ms / 1000))
+    return out
+
+
+def accuracy_by_speech(truth: dict[str, dict], files: dict[str, dict]) -> dict[str, Any]:
+    """``accuracy`` of the files of each kind of speech (truth's ``speech``), keys prefixed by the kind."""
+    out: dict[str, Any] = {}
+    for kind in SPEECH_KINDS:
+        subset = {i: r for i, r in files.items() if truth[i].get("speech", "pauses") == kind}
+        out.update({f"{kind}_{key}": value for key, value in accuracy(truth, subset).items()})
     return out
 
 

@@ -171,6 +171,8 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
         merged += data["runs"]
         if data.get("overhead_pct") is not None:
             extra.setdefault("overhead_pct", {})[part] = data["overhead_pct"]
+        if data.get("head_selection_cost_pct") is not None:
+            extra.setdefault("head_selection_cost_pct", {})[part] = data["head_selection_cost_pct"]
         if data.get("after_warm_up"):
             extra.setdefault("after_warm_up", {})[part] = data["after_warm_up"]
     if merged:
@@ -191,6 +193,11 @@ ROW_FIELDS = [
     "start_within_200ms_pct", "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct",
     "words_spoken", "ref_words_compared",
     "audio_s", "wall_s", "files", "mode", "source",
+    *[f"{kind}_{key}" for kind in metrics.SPEECH_KINDS for key in (
+        "words_spoken", "words_matched_pct", "start_mae_ms", "start_within_50ms_pct",
+        "start_within_100ms_pct", "start_within_200ms_pct", "heard_within_50ms_pct", "heard_within_100ms_pct",
+        "heard_within_200ms_pct",
+    )],
 ]
 
 
@@ -245,6 +252,7 @@ def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
             row["source"] = f"out/{system}.json ({raw.get('finished')})"
             if run.get("word_timestamps", True):
                 row.update(metrics.accuracy(truth, files))
+                row.update(metrics.accuracy_by_speech(truth, files))
                 if reference_files is not None and system != REFERENCE:
                     row.update(metrics.agreement(truth, files, reference_files))
                 errors[row_label(row)] = {"system": row["system"], "precision": row["precision"],
@@ -255,10 +263,10 @@ def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
     return rows, raws, errors
 
 
-def overheads(raws: dict) -> dict:
+def overheads(raws: dict, key: str = "overhead_pct") -> dict:
     out = {}
     for system in OURS:
-        for part, value in (raws.get(system, {}).get("overhead_pct") or {}).items():
+        for part, value in (raws.get(system, {}).get(key) or {}).items():
             out[part] = value
     return out
 
@@ -283,6 +291,7 @@ def write_report(out: Path, report_dir: Path, truth: dict, command: str, quick: 
         "rows": rows,
         "overhead_pct": headline_overhead(over),
         "overhead_pct_by_run": over,
+        "head_selection_cost_pct_by_run": overheads(raws, "head_selection_cost_pct"),
         "machine": machine_info(),
         "command": command,
         "raw_outputs_by": produced_by,
@@ -340,6 +349,24 @@ def _table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k), digits.get(k, 1)) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def _speech_table(rows: list[dict]) -> str:
+    """Word starts per kind of speech: within X ms of ALL spoken words, then of the words heard."""
+    head = ["system", "precision", "config", "conc."]
+    keys = ["system", "precision", "config", "concurrency"]
+    for kind in metrics.SPEECH_KINDS:
+        head += [f"{kind}: ≤50 ms %", "≤100 ms %", "≤200 ms %", "heard ≤50 ms %", "heard ≤100 ms %",
+                 "start MAE ms", "words matched %"]
+        keys += [f"{kind}_start_within_50ms_pct", f"{kind}_start_within_100ms_pct",
+                 f"{kind}_start_within_200ms_pct", f"{kind}_heard_within_50ms_pct",
+                 f"{kind}_heard_within_100ms_pct", f"{kind}_start_mae_ms", f"{kind}_words_matched_pct"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        if row.get("word_timestamps") is False:
+            continue
+        lines.append("| " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -538,9 +565,10 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         f"- Machine: {result['machine']}",
         f"- Model: {result['model']}",
         f"- Audio: {result['audio']['clips']} espeak-ng clips, {result['audio']['seconds']} s in all "
-        f"({result['audio']['over_30s']} over 30 s); voices en-us, en-gb, en-us+f3, en-us+m3, 140–190 wpm, "
-        "some with white noise at -45/-35 dBFS; every word's true start/end is known to the sample "
-        "(`benchmarks/audio.py`).",
+        f"({result['audio']['over_30s']} over 30 s): words spoken one at a time with pauses (voices en-us, "
+        "en-gb, en-us+f3, en-us+m3, 140–190 wpm; every word's start/end known to the sample) and continuous "
+        "speech (voices en-gb-scotland, en+f2, en-us+f4, en-us+m1, 145–195 wpm; every word's start from "
+        "libespeak-ng's word events); some with white noise at -45/-35 dBFS (`benchmarks/audio.py`).",
         "- What each tuning change gave (thread binding, the int8 encoder, the benchmark's own sampler): "
         "[TUNING.md](TUNING.md). Variants named `+int8enc` run the encoder's linear layers in int8 "
         "(`--additional-config '{\"whisper_align\": {\"encoder_int8\": true}}'`).",
@@ -557,6 +585,12 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "*≤X ms %* = share of ALL spoken words whose heard start is within X ms (unheard words are misses). "
         "*ref ≤X ms %* = share of words heard by both this system and openai-whisper whose starts differ by "
         "at most X ms.", "",
+        "## Word starts by kind of speech", "",
+        "*pauses*: the words spoken one at a time with silences between them (48 short clips and the 3 "
+        "long ones); *continuous*: 24 clips of two held-out sentences in one breath, 4 other voices, "
+        "145-195 wpm, a third with noise (no silence to snap to: the harder case). *≤X ms %* counts "
+        "unheard words as misses; *heard ≤X ms %* is over the words the system heard.", "",
+        _speech_table(rows), "",
     ]
     if result["overhead_pct"] is not None:
         lines += ["## Cost of word timestamps", "",
@@ -567,6 +601,14 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         lines += ["", "Offline figures are the medians of alternating off/on passes (`--rounds`); "
                   "single passes of ~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass "
                   "each) carry that noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
+    selection = result.get("head_selection_cost_pct_by_run") or {}
+    if selection:
+        lines += ["## Cost of per-window head selection", "",
+                  "Throughput of the default (`head_selection=\"auto\"`: every upper-half head captured, "
+                  "the sharpest half chosen per window, starts refined to onsets) against the fixed heads "
+                  "(`\"fixed\"`, this project's word timestamps before it), same engine, alternating passes, "
+                  "medians; positive = the default is slower:", ""]
+        lines += [f"- {key}: {value:.1f}%" for key, value in selection.items()] + [""]
     lines += targets(rows, result["overhead_pct"])
     lines += against_peer_best(rows, result.get("raw_outputs_by") or {})
     lines += memory_per_request(rows)
