@@ -171,8 +171,8 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
         merged += data["runs"]
         if data.get("overhead_pct") is not None:
             extra.setdefault("overhead_pct", {})[part] = data["overhead_pct"]
-        if data.get("head_selection_cost_pct") is not None:
-            extra.setdefault("head_selection_cost_pct", {})[part] = data["head_selection_cost_pct"]
+        if data.get("alignment_method_cost_pct") is not None:
+            extra.setdefault("alignment_method_cost_pct", {})[part] = data["alignment_method_cost_pct"]
         if data.get("after_warm_up"):
             extra.setdefault("after_warm_up", {})[part] = data["after_warm_up"]
     if merged:
@@ -291,7 +291,7 @@ def write_report(out: Path, report_dir: Path, truth: dict, command: str, quick: 
         "rows": rows,
         "overhead_pct": headline_overhead(over),
         "overhead_pct_by_run": over,
-        "head_selection_cost_pct_by_run": overheads(raws, "head_selection_cost_pct"),
+        "alignment_method_cost_pct_by_run": overheads(raws, "alignment_method_cost_pct"),
         "machine": machine_info(),
         "command": command,
         "raw_outputs_by": produced_by,
@@ -601,10 +601,10 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         lines += ["", "Offline figures are the medians of alternating off/on passes (`--rounds`); "
                   "single passes of ~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass "
                   "each) carry that noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
-    selection = result.get("head_selection_cost_pct_by_run") or {}
+    selection = result.get("alignment_method_cost_pct_by_run") or {}
     if selection:
         lines += ["## Cost of per-window head selection", "",
-                  "Throughput of the default (`head_selection=\"auto\"`: every upper-half head captured, "
+                  "Throughput of the default (`alignment_method=\"auto\"`: every upper-half head captured, "
                   "the sharpest half chosen per window, starts refined to onsets) against the fixed heads "
                   "(`\"fixed\"`, this project's word timestamps before it), same engine, alternating passes, "
                   "medians; positive = the default is slower:", ""]

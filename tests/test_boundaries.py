@@ -54,7 +54,7 @@ def test_forced_alignment_of_continuous_speech(aligner, continuous_clips):
     audio = [clip.samples for clip in continuous_clips]
     texts = [clip.text for clip in continuous_clips]
     auto = aligner.align(audio, texts)
-    fixed = aligner.align(audio, texts, head_selection="fixed")
+    fixed = aligner.align(audio, texts, alignment_method="fixed")
     print(f"\ncontinuous, forced: auto {within(continuous_clips, auto, 0.05):.0%} / "
           f"{within(continuous_clips, auto, 0.10):.0%} within 50 / 100 ms; fixed "
           f"{within(continuous_clips, fixed, 0.05):.0%} / {within(continuous_clips, fixed, 0.10):.0%}")
@@ -76,13 +76,13 @@ def test_speech_with_pauses_is_not_worse(aligner):
     clips = sentence_clips()
     audio, texts = [clip.samples for clip in clips], [clip.text for clip in clips]
     auto = aligner.align(audio, texts)
-    fixed = aligner.align(audio, texts, head_selection="fixed")
+    fixed = aligner.align(audio, texts, alignment_method="fixed")
     print(f"\npauses, forced: auto {within(clips, auto, 0.05):.0%} / {within(clips, auto, 0.2):.0%} within "
           f"50 / 200 ms; fixed {within(clips, fixed, 0.05):.0%} / {within(clips, fixed, 0.2):.0%}")
     assert within(clips, auto, 0.2) >= 0.88
     assert within(clips, auto, 0.05) >= within(clips, fixed, 0.05) - 0.02
 
 
-def test_head_selection_is_checked(aligner, continuous_clips):
-    with pytest.raises(ValueError, match="head_selection"):
-        aligner.align([continuous_clips[0].samples], [continuous_clips[0].text], head_selection="best")
+def test_alignment_method_is_checked(aligner, continuous_clips):
+    with pytest.raises(ValueError, match="alignment_method"):
+        aligner.align([continuous_clips[0].samples], [continuous_clips[0].text], alignment_method="best")

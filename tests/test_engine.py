@@ -39,7 +39,7 @@ def test_forced_alignment_matches_openai_whisper(aligner, clips, reference):
     """Same text tokens, the fixed heads (the reference's way): word starts and ends within 0.02 s of
     the reference for >= 99% of words."""
     tokens_per_clip = [aligner.tokens.encode(" " + clip.text) for clip in clips]
-    ours = aligner.align([c.samples for c in clips], token_ids=tokens_per_clip, head_selection="fixed")
+    ours = aligner.align([c.samples for c in clips], token_ids=tokens_per_clip, alignment_method="fixed")
     diffs = []
     for clip, text_tokens, result in zip(clips, tokens_per_clip, ours, strict=True):
         ref = [w for w in reference_words(reference, clip.samples, text_tokens)]

@@ -83,3 +83,32 @@ def test_bad_options_are_refused(tokens):
                     FallbackOptions(compression_ratio_threshold=-1), FallbackOptions.starting_at(-0.2)):
         with pytest.raises(ValueError):
             options.validate()
+
+
+def test_characters_force_one_token_per_character(tokens):
+    samples = np.zeros(3 * 16000, dtype=np.float32)
+    plan = decoding.plan_alignment(samples, tokens, text="Cat sat, warm.", alignment_method="characters")
+    [window] = plan.windows
+    pieces = [tokens.decode([t]) for t in window.forced_tokens]
+    assert pieces == [" C", "a", "t", " s", "a", "t", ",", " w", "a", "r", "m", "."]
+    assert tokens.decode(window.forced_tokens) == " Cat sat, warm."
+    assert window.alignment.alignment_method == "characters"
+    by_ids = decoding.plan_alignment(
+        samples, tokens, token_ids=tokens.encode(" Cat sat, warm."), alignment_method="characters"
+    )
+    assert by_ids.windows[0].forced_tokens == window.forced_tokens
+
+
+def test_characters_are_for_forced_alignment_of_one_window(tokens):
+    from vllm_whisper_align import longform
+
+    with pytest.raises(ValueError, match="forced alignment"):
+        decoding.plan_transcription(np.zeros(16000, dtype=np.float32), tokens, language="en",
+                                    alignment_method="characters")
+    with pytest.raises(decoding.AlignmentInputError, match="at most 30 s"):
+        longform.check_method("characters")
+    longform.check_method("auto")
+    too_long = "word " * 300  # 1500 characters: over the decoder's 448 tokens
+    with pytest.raises(decoding.AlignmentInputError, match="characters; at most"):
+        decoding.plan_alignment(np.zeros(16000 * 20, dtype=np.float32), tokens, text=too_long,
+                                alignment_method="characters")

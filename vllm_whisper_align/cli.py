@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vllm_whisper_align.formats import RESPONSE_FORMATS
-from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, HEAD_SELECTIONS
+from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, ALIGNMENT_METHODS
 
 # The commands that run an engine here, whose logging the CLI sets up.
 ENGINE_COMMANDS = ("transcribe", "align")
@@ -89,9 +89,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default=None, help="language code (default: detect)")
     parser.add_argument("--format", choices=RESPONSE_FORMATS, default="verbose_json")
     parser.add_argument(
-        "--head-selection", choices=HEAD_SELECTIONS, default=DEFAULT_HEAD_SELECTION,
+        "--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD,
         help="how word times are read: auto picks this window's sharpest heads and refines starts to "
-             "onsets; fixed uses the model's tuned alignment heads, as openai-whisper (default %(default)s)",
+             "onsets; fixed uses the model's tuned alignment heads, as openai-whisper; characters (align, "
+             "audio up to 30 s) forces the text one character per token (default %(default)s)",
     )
     lines = parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)")
     lines.add_argument("--max-line-width", type=int, default=None, help="characters in a line")
@@ -249,7 +250,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold,
                 no_speech_threshold=args.no_speech_threshold,
-                head_selection=args.head_selection,
+                alignment_method=args.alignment_method,
                 use_tqdm=args.verbose and len(decoded) > 1,
             )
             for (path, _), result in zip(decoded, results, strict=True):
@@ -270,7 +271,7 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 samples = decode_audio(path)  # any length: long recordings are aligned window by window
                 aligner = aligner or engine.enter_context(_aligner(args.model, engine_args))
                 result = aligner.align(
-                    [samples], [text], language=args.language, head_selection=args.head_selection
+                    [samples], [text], language=args.language, alignment_method=args.alignment_method
                 )[0]
             except (AudioError, AlignmentInputError) as error:
                 print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)

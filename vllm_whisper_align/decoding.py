@@ -23,7 +23,7 @@ from vllm_whisper_align.audio import (
     CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, chunk_audio, num_mel_frames,
 )
 from vllm_whisper_align.params import (
-    DEFAULT_HEAD_SELECTION, MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams,
+    DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams,
     new_alignment_key,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens
@@ -265,11 +265,14 @@ def plan_transcription(
     sampling: dict[str, Any] | None = None,
     suppress_tokens: Sequence[int] = (),
     fallback: FallbackOptions | None = None,
-    head_selection: str = DEFAULT_HEAD_SELECTION,
+    alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Plan:
     """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (top_p, seed…); the
     temperature is ``fallback``'s first (default: openai-whisper's transcribe options);
-    ``head_selection`` says how word times are read (``params.HEAD_SELECTIONS``)."""
+    ``alignment_method`` says how word times are read (``params.ALIGNMENT_METHODS``)."""
+    if alignment_method == "characters":
+        raise ValueError("alignment_method characters is for forced alignment; transcription reads "
+                         "auto or fixed")
     fallback = fallback or FallbackOptions()
     fallback.validate()
     previous = previous_text_tokens(prompt, tokens)
@@ -283,7 +286,8 @@ def plan_transcription(
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
         if word_timestamps and can_align(len(chunk.samples)):
             alignment = AlignmentParams.for_prompt(
-                num_mel_frames(len(chunk.samples)), len(previous), len(start), head_selection=head_selection
+                num_mel_frames(len(chunk.samples)), len(previous), len(start),
+                alignment_method=alignment_method,
             )
         no_speech = None
         if tokens.no_speech is not None:
@@ -389,7 +393,7 @@ def plan_alignment(
     text: str | None = None,
     token_ids: Sequence[int] | None = None,
     language: str | None = None,
-    head_selection: str = DEFAULT_HEAD_SELECTION,
+    alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Plan:
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot]."""
     language = "en" if tokens.is_english_only and language is None else (language or "en")
@@ -404,15 +408,18 @@ def plan_alignment(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
     text_tokens = text_to_tokens(text, token_ids, tokens)
+    if alignment_method == "characters":
+        text_tokens = tokens.encode_characters(tokens.decode(text_tokens))
     start = tokens.transcription_prompt(language)
     prompt = [*start, *text_tokens, tokens.eot]
     if len(prompt) > MAX_DECODER_TOKENS:
+        unit = "characters" if alignment_method == "characters" else "tokens"
         raise AlignmentInputError(
-            f"text is {len(text_tokens)} tokens; at most {MAX_DECODER_TOKENS - len(start) - 1} "
+            f"text is {len(text_tokens)} {unit}; at most {MAX_DECODER_TOKENS - len(start) - 1} "
             f"fit in Whisper's {MAX_DECODER_TOKENS}-token decoder context"
         )
     alignment = AlignmentParams.for_prompt(
-        num_mel_frames(len(samples)), 0, len(start), head_selection=head_selection
+        num_mel_frames(len(samples)), 0, len(start), alignment_method=alignment_method
     )
     sampling = SamplingParams(
         temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()

@@ -32,7 +32,7 @@ import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
 from vllm_whisper_align.audio import N_SAMPLES
-from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, MAX_DECODER_TOKENS
+from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
 # A run of at least this many given words between two matches, against which the model heard at most
@@ -348,6 +348,16 @@ def owners(split: Split, cuts: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------- plans
 
 
+def check_method(alignment_method: str) -> None:
+    """Characters are aligned one window at a time only: a long text's split over windows counts
+    the given words' tokens (``Split``), which characters would not keep."""
+    if alignment_method == "characters":
+        raise decoding.AlignmentInputError(
+            f"alignment_method characters aligns audio of at most {decoding.MAX_ALIGNMENT_SECONDS} s "
+            "(one window); use auto or fixed for longer audio"
+        )
+
+
 def transcription_plans(
     samples: np.ndarray, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
 ) -> list[decoding.Plan]:
@@ -360,7 +370,7 @@ def transcription_plans(
 
 def alignment_plans(
     heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    token_ids: Sequence[int], language: str, head_selection: str = DEFAULT_HEAD_SELECTION,
+    token_ids: Sequence[int], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> tuple[Split, list[decoding.Plan | None]]:
     """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
     as ``bodies``), and one alignment plan per window (None for a window without text)."""
@@ -381,7 +391,7 @@ def alignment_plans(
                 "decoder context"
             )
         aligned = decoding.plan_alignment(
-            window.samples, tokens, token_ids=share, language=language, head_selection=head_selection
+            window.samples, tokens, token_ids=share, language=language, alignment_method=alignment_method
         )
         aligned.windows[0].offset = window.offset
         plans.append(aligned)

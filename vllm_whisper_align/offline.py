@@ -19,7 +19,7 @@ from vllm_whisper_align.audio import SAMPLE_RATE, AudioSource, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, AlignmentRequest, WhisperAlignConfig
+from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -91,14 +91,14 @@ class WhisperAligner:
         compression_ratio_threshold: float | None = decoding.COMPRESSION_RATIO_THRESHOLD,
         logprob_threshold: float | None = decoding.LOGPROB_THRESHOLD,
         no_speech_threshold: float | None = decoding.NO_SPEECH_THRESHOLD,
-        head_selection: str = DEFAULT_HEAD_SELECTION,
+        alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
         use_tqdm: bool = False,
     ) -> list[dict[str, Any]]:
         """verbose_json-shaped results, one per input (``words`` and ``tokens`` when asked).
 
         ``temperature`` starts openai-whisper's fallback schedule (then +0.2 up to 1.0); the
         thresholds are its ``transcribe`` arguments, with its defaults (None turns one off).
-        ``head_selection``: "auto" (per-window heads, onset-refined starts) or "fixed" (the tuned
+        ``alignment_method``: "auto" (per-window heads, onset-refined starts) or "fixed" (the tuned
         alignment heads, openai-whisper's way).
         """
         fallback = decoding.FallbackOptions.starting_at(
@@ -111,7 +111,7 @@ class WhisperAligner:
         plans = [
             decoding.plan_transcription(
                 s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt,
-                suppress_tokens=self.suppress_tokens, fallback=fallback, head_selection=head_selection,
+                suppress_tokens=self.suppress_tokens, fallback=fallback, alignment_method=alignment_method,
             )
             for s, lang in zip(samples, languages, strict=True)
         ]
@@ -124,11 +124,11 @@ class WhisperAligner:
         *,
         token_ids: Sequence[Sequence[int]] | None = None,
         language: str | None = None,
-        head_selection: str = DEFAULT_HEAD_SELECTION,
+        alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
         use_tqdm: bool = False,
     ) -> list[dict[str, Any]]:
         """Word and token times of text the model did not produce; audio of any length (over one
-        window: ``longform``), every word with ``aligned``. ``head_selection`` as in ``transcribe``."""
+        window: ``longform``), every word with ``aligned``. ``alignment_method`` as in ``transcribe``."""
         if (texts is None) == (token_ids is None):
             raise ValueError("give either texts or token_ids")
         items = texts if texts is not None else token_ids
@@ -144,13 +144,13 @@ class WhisperAligner:
         short = [i for i, s in enumerate(samples) if not longform.needs_windows(s)]
         plans = [
             decoding.plan_alignment(
-                samples[i], self.tokens, language=language, head_selection=head_selection, **given[i]
+                samples[i], self.tokens, language=language, alignment_method=alignment_method, **given[i]
             )
             for i in short
         ]
         answers = dict(zip(short, map(longform.mark_aligned, self._run(plans, use_tqdm)), strict=True))
         long_answers = self._align_long(
-            [samples[i] for i in long], [given[i] for i in long], language, head_selection
+            [samples[i] for i in long], [given[i] for i in long], language, alignment_method
         )
         answers.update(zip(long, long_answers, strict=True))
         return [answers[i] for i in range(len(samples))]
@@ -187,9 +187,11 @@ class WhisperAligner:
     # ---- internals ---------------------------------------------------------------------------
 
     def _align_long(
-        self, samples: list[np.ndarray], given: list[dict], language: str | None, head_selection: str
+        self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str
     ) -> list[dict]:
         """``longform``'s two passes, each one ``generate`` call over every window of every input."""
+        if samples:
+            longform.check_method(alignment_method)
         language = language or "en"
         given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
         heard = [
@@ -198,7 +200,7 @@ class WhisperAligner:
         transcripts = iter(self._run([p for plans in heard for p in plans], use_tqdm=False))
         splits = [
             longform.alignment_plans(
-                plans, [next(transcripts) for _ in plans], self.tokens, ids, language, head_selection
+                plans, [next(transcripts) for _ in plans], self.tokens, ids, language, alignment_method
             )
             for plans, ids in zip(heard, given_ids, strict=True)
         ]

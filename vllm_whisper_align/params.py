@@ -23,9 +23,12 @@ NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
 
 # How word times are read from the captured heads: "auto" picks, per window, the heads whose
 # attention is sharpest (timing.select_heads) and refines starts to audio onsets; "fixed" is
-# openai-whisper's way, the model's tuned alignment heads (word_timing.snap_to_speech only).
-HEAD_SELECTIONS = ("auto", "fixed")
-DEFAULT_HEAD_SELECTION = "auto"
+# openai-whisper's way, the model's tuned alignment heads (word_timing.snap_to_speech only);
+# "characters" (forced alignment of one window) teacher-forces the text one character per token and
+# reads the tuned heads, as Yeh et al. do (sharper on base's continuous speech; README).
+TRANSCRIPTION_METHODS = ("auto", "fixed")
+ALIGNMENT_METHODS = (*TRANSCRIPTION_METHODS, "characters")
+DEFAULT_ALIGNMENT_METHOD = "auto"
 
 # Decoder context of every Whisper model; the forced-alignment prompt must fit in it.
 MAX_DECODER_TOKENS = 448
@@ -60,7 +63,7 @@ class AlignmentParams:
     key: str = field(default_factory=new_alignment_key)
     medfilt_width: int = MEDFILT_WIDTH
     qk_scale: float = 1.0
-    head_selection: str = DEFAULT_HEAD_SELECTION
+    alignment_method: str = DEFAULT_ALIGNMENT_METHOD
 
     @classmethod
     def for_prompt(
@@ -94,7 +97,7 @@ class AlignmentParams:
             raise ValueError(f"need 0 <= sot_row < text_row < {MAX_DECODER_TOKENS}")
         if self.medfilt_width < 1 or self.medfilt_width % 2 == 0:
             raise ValueError("medfilt_width must be a positive odd number")
-        check_head_selection(self.head_selection)
+        check_alignment_method(self.alignment_method)
 
     def to_extra_args(self, extra_args: dict[str, Any] | None = None) -> dict[str, Any]:
         self.validate()
@@ -109,10 +112,10 @@ class AlignmentParams:
         return cls(**extra_args[EXTRA_ARGS_KEY])
 
 
-def check_head_selection(value: str) -> str:
-    if value not in HEAD_SELECTIONS:
-        choices = ", ".join(HEAD_SELECTIONS)
-        raise ValueError(f"head_selection must be one of {choices}; got {str(value)[:40]!r}")
+def check_alignment_method(value: str) -> str:
+    if value not in ALIGNMENT_METHODS:
+        choices = ", ".join(ALIGNMENT_METHODS)
+        raise ValueError(f"alignment_method must be one of {choices}; got {str(value)[:40]!r}")
     return value
 
 

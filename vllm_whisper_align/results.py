@@ -82,7 +82,7 @@ class WindowResult:
 def window_matrix(window: WindowRequest, output: WindowOutput, fetched: dict | None) -> np.ndarray:
     """The DTW's input for one window from the worker's answer: rows that predict text and eot.
 
-    With ``head_selection="auto"`` the heads are chosen for this window from the captured pool
+    With ``alignment_method="auto"`` the heads are chosen for this window from the captured pool
     (:func:`timing.select_heads` on the text rows); with ``"fixed"`` they are the model's tuned
     alignment heads. Raises ``ValueError`` with the worker's message when it has nothing for this
     window."""
@@ -91,7 +91,7 @@ def window_matrix(window: WindowRequest, output: WindowOutput, fetched: dict | N
     params = window.alignment
     cross_qk = np.frombuffer(fetched["cross_qk"], dtype=np.float32).reshape(fetched["shape"])
     text_rows = params.text_rows(len(output.token_ids))
-    if params.head_selection == "auto":
+    if params.alignment_method == "auto":  # "fixed" and "characters" read the tuned heads
         scores = timing.head_scores(cross_qk[:, text_rows], params.num_frames, params.medfilt_width)
         heads = timing.select_heads(scores, fetched["candidate_heads"])
     else:
@@ -119,9 +119,10 @@ def window_words(
     )
     timed: list[WordTiming] = span["words"]
     speech = speech_frames(window.samples)
-    sharp = window.alignment is not None and window.alignment.head_selection == "auto"
-    word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=sharp)
-    if sharp:
+    method = window.alignment.alignment_method if window.alignment is not None else "fixed"
+    # Characters move on as sharply as the selected heads; onsets and ends moved them the wrong way.
+    word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
+    if method == "auto":
         word_timing.refine_starts(
             timed, onset_strength(window.samples), speech, window.offset, ONSET_FRAME_SECONDS
         )

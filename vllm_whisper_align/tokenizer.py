@@ -123,3 +123,13 @@ class WhisperTokens:
 
     def encode(self, text: str) -> list[int]:
         return self.encode_text(text)
+
+    def encode_characters(self, text: str) -> list[int]:
+        """``text`` as one token per character (more where a character takes several byte tokens);
+        a word's first character keeps its leading space, so words still start at a space."""
+        ids: list[int] = []
+        for word in text.split():
+            ids += self.encode(" " + word[0])
+            for character in word[1:]:
+                ids += self.encode(character)
+        return ids

@@ -43,7 +43,7 @@ def main() -> None:
     def run(mode: str):
         t0 = time.perf_counter()
         results = aligner.transcribe(samples, language="en", word_timestamps=mode != "off",
-                                     head_selection="fixed" if mode == "fixed" else "auto")
+                                     alignment_method="fixed" if mode == "fixed" else "auto")
         return time.perf_counter() - t0, results
 
     order = sorted(range(len(items)), key=lambda k: items[k]["duration"])
@@ -90,7 +90,7 @@ def main() -> None:
     selection_cost = round(100 * ((audio_s / fixed) - (audio_s / on)) / (audio_s / fixed), 2)
     log(f"offline {dtype}: overhead of word timestamps {overhead}%; of head selection {selection_cost}%")
     write_output(args.out, "vllm-whisper-align (offline)", runs, overhead_pct=overhead,
-                 head_selection_cost_pct=selection_cost, capture_stats=aligner.capture_stats())
+                 alignment_method_cost_pct=selection_cost, capture_stats=aligner.capture_stats())
     aligner.llm.llm_engine.engine_core.shutdown()
 
 

@@ -25,7 +25,7 @@ from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
 )
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, HEAD_SELECTIONS
+from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD, TRANSCRIPTION_METHODS
 from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
 from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
@@ -49,13 +49,13 @@ SAMPLING_FIELDS = {
 # API has none); "none" turns one off, as None does there.
 FALLBACK_FIELDS = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
 
-HEAD_SELECTION_SCHEMA = {
-    "head_selection": {
-        "type": "string", "enum": list(HEAD_SELECTIONS),
-        "description": "how word times are read: auto (per-request heads, onset-refined starts; default) "
-                       "or fixed (the model's tuned alignment heads, as openai-whisper)",
-    },
-}
+def _method_schema(methods: tuple[str, ...]) -> dict[str, Any]:
+    description = ("how word times are read: auto (per-request heads, onset-refined starts; default), "
+                   "fixed (the model's tuned alignment heads, as openai-whisper)")
+    if "characters" in methods:
+        description += ", characters (the text forced one character per token; audio up to 30 s)"
+    return {"alignment_method": {"type": "string", "enum": list(methods), "description": description}}
+
 
 def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
     """OpenAPI request body for a multipart form with a required audio ``file``."""
@@ -82,7 +82,7 @@ FORM_SCHEMA = _multipart_schema({
     "temperature": {"type": "number"},
     **{name: {"type": "number"} for name in FALLBACK_FIELDS},
     "stream": {"type": "boolean"},
-    **HEAD_SELECTION_SCHEMA,
+    **_method_schema(TRANSCRIPTION_METHODS),
     **SUBTITLE_SCHEMA,
 })
 
@@ -92,7 +92,7 @@ ALIGNMENT_SCHEMA = _multipart_schema({
     "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
     "language": {"type": "string"},
     "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
-    **HEAD_SELECTION_SCHEMA,
+    **_method_schema(ALIGNMENT_METHODS),
     **SUBTITLE_SCHEMA,
 })
 
@@ -295,7 +295,7 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
         return await _stream_with_vllm(raw_request, service, form, task)
     sampling = _sampling(form)
     fallback = _fallback(form, sampling.pop("temperature", 0.0))
-    head_selection = _choice(form, "head_selection", HEAD_SELECTIONS, DEFAULT_HEAD_SELECTION)
+    alignment_method = _choice(form, "alignment_method", TRANSCRIPTION_METHODS, DEFAULT_ALIGNMENT_METHOD)
     samples = await _audio(form, service)
     result = await service.transcribe(
         samples,
@@ -307,7 +307,7 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
         prompt=_text(form, "prompt") or None,
         sampling=sampling,
         fallback=fallback,
-        head_selection=head_selection,
+        alignment_method=alignment_method,
     )
     return _render(result, response_format, granularities, subtitle_options)
 
@@ -360,14 +360,14 @@ async def _alignment(raw_request: Request, service: AlignmentService, form: Any)
     service.check_model(_text(form, "model"))
     response_format = _choice(form, "response_format", ALIGNMENT_FORMATS, "json")
     subtitle_options = _subtitle_options(form)
-    head_selection = _choice(form, "head_selection", HEAD_SELECTIONS, DEFAULT_HEAD_SELECTION)
+    alignment_method = _choice(form, "alignment_method", ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD)
     text, token_ids = _text(form, "text"), _token_ids(_text(form, "tokens"))
     if (text is None) == (token_ids is None):
         raise RequestError("give exactly one of `text` or `tokens`", "text")
     samples = await _audio(form, service)
     result = await service.align(
         samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=token_ids,
-        language=_text(form, "language") or None, head_selection=head_selection,
+        language=_text(form, "language") or None, alignment_method=alignment_method,
     )
     if response_format == "json":
         return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})

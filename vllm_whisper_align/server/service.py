@@ -19,7 +19,7 @@ from vllm import envs
 from vllm_whisper_align import decoding, longform, results
 from vllm_whisper_align.audio import SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_HEAD_SELECTION, AlignmentRequest
+from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest
 from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
@@ -138,7 +138,7 @@ class AlignmentService:
         prompt: str | None,
         sampling: dict[str, Any],
         fallback: decoding.FallbackOptions | None = None,
-        head_selection: str = DEFAULT_HEAD_SELECTION,
+        alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
     ) -> dict[str, Any]:
         self.check_duration(samples)
         language = self.checked_language(language, task)
@@ -148,7 +148,7 @@ class AlignmentService:
             plan = decoding.plan_transcription(
                 samples, self.tokens, language=language, task=task,
                 word_timestamps=word_timestamps, prompt=prompt, sampling=sampling,
-                suppress_tokens=self.suppress_tokens, fallback=fallback, head_selection=head_selection,
+                suppress_tokens=self.suppress_tokens, fallback=fallback, alignment_method=alignment_method,
             )
         except ValueError as error:
             raise RequestError(str(error), "language") from None
@@ -156,19 +156,19 @@ class AlignmentService:
 
     async def align(
         self, samples: np.ndarray, *, request_id: str, text: str | None, token_ids: list[int] | None,
-        language: str | None, head_selection: str = DEFAULT_HEAD_SELECTION,
+        language: str | None, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
     ) -> dict[str, Any]:
         self.check_duration(samples)
         language = self.checked_language(language)
         field = "tokens" if token_ids is not None else "text"
         if longform.needs_windows(samples):
             return await self._align_long(
-                samples, request_id, text, token_ids, language or "en", field, head_selection
+                samples, request_id, text, token_ids, language or "en", field, alignment_method
             )
         try:
             plan = decoding.plan_alignment(
                 samples, self.tokens, text=text, token_ids=token_ids, language=language,
-                head_selection=head_selection,
+                alignment_method=alignment_method,
             )
         except ValueError as error:
             raise RequestError(str(error), field) from None
@@ -176,10 +176,11 @@ class AlignmentService:
 
     async def _align_long(
         self, samples: np.ndarray, request_id: str, text: str | None, token_ids: list[int] | None,
-        language: str, field: str, head_selection: str,
+        language: str, field: str, alignment_method: str,
     ) -> dict[str, Any]:
         """``longform``'s two passes; the windows of each run concurrently, so they batch together."""
         try:
+            longform.check_method(alignment_method)
             given = decoding.text_to_tokens(text, token_ids, self.tokens)
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
@@ -190,7 +191,7 @@ class AlignmentService:
         try:
             # The text matching is NumPy work of up to seconds (30k words): off the event loop.
             split, plans = await asyncio.to_thread(
-                longform.alignment_plans, heard, transcripts, self.tokens, given, language, head_selection
+                longform.alignment_plans, heard, transcripts, self.tokens, given, language, alignment_method
             )
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
