@@ -322,7 +322,7 @@ def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
                                                        "raw_outputs_by": {s: r.get("command")
                                                                           for s, r in raws.items()}},
                                                       indent=1))
-        (out / "longform.md").write_text("\n".join(longform_report.section(rows)))
+        (out / "longform.md").write_text("\n".join(longform_report.section(rows)) + "\n")
     return rows, raws
 
 
