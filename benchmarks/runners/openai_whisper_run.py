@@ -6,12 +6,12 @@ at a time (it has no batching). Runs in benchmarks/.venvs/openai-whisper.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import openai_checkpoint  # noqa: E402
 from common import (  # noqa: E402
     RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib,
     word_dicts, write_output,
@@ -29,13 +29,7 @@ def main() -> None:
     import whisper
 
     torch.set_num_threads(torch.get_num_threads())
-    model = whisper.load_model(args.model, device="cpu").float().eval()
-    heads = json.loads((Path(args.hf_dir) / "generation_config.json").read_text()).get("alignment_heads")
-    if heads:  # openai-whisper's format: sparse bool (n_text_layer, n_text_head)
-        mask = torch.zeros(model.dims.n_text_layer, model.dims.n_text_head, dtype=torch.bool)
-        for layer, head in heads:
-            mask[layer, head] = True
-        model.register_buffer("alignment_heads", mask.to_sparse(), persistent=False)
+    model = openai_checkpoint.load(args.model, args.hf_dir)
 
     items = load_manifest(args.manifest)
     audio = {item["id"]: load_wav(item["path"]) for item in items}
