@@ -546,8 +546,8 @@ def memory_per_request(rows: list[dict]) -> list[str]:
             "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
             "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
             "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "
-            "of about 4 MiB outside the KV cache (8 alignment heads' keys over 1500 frames, 3 MiB, and their "
-            "queries over 448 rows).", ""]
+            "of about 6.5 MiB outside the KV cache (13 captured heads' keys over 1500 frames, 5 MiB, and "
+            "their queries over 448 rows; 4 MiB with the 8 tuned heads alone; half in bfloat16).", ""]
 
 
 def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
