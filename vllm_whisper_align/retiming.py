@@ -16,7 +16,9 @@ each cue starts at or after the previous one's end.
 
 from __future__ import annotations
 
+import bisect
 import html
+import itertools
 import json
 import re
 from dataclasses import dataclass
@@ -78,25 +80,23 @@ def word_owners(cue_texts: Sequence[str], words: Sequence[str]) -> list[int]:
 
     The aligned words, concatenated, spell the text that was aligned (the cues' texts joined by
     spaces), so walking both by characters finds each word's place. A word belongs to the cue of
-    its first letter or digit: punctuation the alignment glued to it (``...and``) may come from the
-    cue before.
+    its first letter or digit: punctuation the alignment glued to it (an opening quote that ends a
+    cue) may come from the cue before.
     """
-    joined, owner_of_char = "", []
-    for index, text in enumerate(cue_texts):
-        if text:
-            piece = f" {text}" if joined else text
-            joined += piece
-            owner_of_char += [index] * len(piece)
+    holders = [index for index, text in enumerate(cue_texts) if text]
+    joined = " ".join(cue_texts[index] for index in holders)
     if not joined:
         return [0] * len(words)
+    # Where each holder's text starts in `joined`.
+    starts = list(itertools.accumulate((len(cue_texts[i]) + 1 for i in holders[:-1]), initial=0))
     owners, cursor = [], 0
     for word in words:
         while cursor < len(joined) and joined[cursor].isspace():
             cursor += 1
         start = min(cursor, len(joined) - 1)
         cursor += len(word.strip())
-        letters = [k for k in range(start, min(cursor, len(joined))) if joined[k].isalnum()]
-        owners.append(owner_of_char[letters[0] if letters else start])
+        letters = (k for k in range(start, min(cursor, len(joined))) if joined[k].isalnum())
+        owners.append(holders[bisect.bisect_right(starts, next(letters, start)) - 1])
     return owners
 
 
