@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from vllm_whisper_align import longform, retiming
-from vllm_whisper_align.subtitles import read_subtitles, write_subtitles
+from vllm_whisper_align.subtitles import VTT, SubtitleCue, SubtitleFile, read_subtitles, write_subtitles
 
 # Cues with tags, line breaks, dialogue dashes, punctuation that the alignment glues to the previous
 # cue's last word ("...and"), and two cues without words (a symbol, only tags).
@@ -169,3 +170,48 @@ def test_json_bodies_report_unaligned_cues(tokens):
     assert retiming.render(retimed, result, "vtt").startswith("WEBVTT\n\n1\n00:00:00.500 --> 00:00:05.000\n")
     with pytest.raises(ValueError, match="text"):
         retiming.render(retimed, result, "text")
+
+
+# ---------------------------------------------------------------------------- for the engine tests
+
+# Subtitles that drift: every cue DRIFT_SHIFT_S late, and later still by DRIFT_RATE of its time.
+DRIFT_SHIFT_S = 3.0
+DRIFT_RATE = 0.05
+# A re-timed cue starts this close to its first word's true start.
+START_TOLERANCE_S = 0.2
+
+
+def drifted_subtitles(sentences, fmt: str) -> tuple[SubtitleFile, list[float | None]]:
+    """A subtitle file for ``sentences`` (SpokenClips) spoken back to back as ``concatenate_clips``
+    joins them: a cue per sentence (one in italics, one on two lines) and a "♪" cue in the pause after
+    the first, all drifted; and the true start of each cue's first word (None: the cue has no words)."""
+    offsets = np.cumsum([0.0] + [clip.duration for clip in sentences[:-1]])
+    spans, texts = [], []
+    for k, (clip, offset) in enumerate(zip(sentences, offsets, strict=True)):
+        words = clip.text.split()
+        two_lines = " ".join(words[:3]) + "\n" + " ".join(words[3:])
+        text = {1: f"<i>{clip.text}</i>", 2: two_lines}.get(k, clip.text)
+        spans.append((offset + clip.starts[0], offset + clip.ends[-1]))
+        texts.append(text)
+        if k == 0:
+            spans.append((offset + clip.ends[-1] + 0.1, offset + clip.duration))
+            texts.append("♪")
+    cues = tuple(
+        SubtitleCue(str(number), *(t * (1 + DRIFT_RATE) + DRIFT_SHIFT_S for t in span), text)
+        for number, (span, text) in enumerate(zip(spans, texts, strict=True), start=1)
+    )
+    header = ("WEBVTT",) if fmt == VTT else ()
+    true_starts = [None if text == "♪" else start for (start, _), text in zip(spans, texts, strict=True)]
+    return SubtitleFile(fmt, cues, header), true_starts
+
+
+def assert_retimed(retimed: SubtitleFile, sent: SubtitleFile, true_starts: list[float | None]) -> None:
+    """Every cue kept, number and text; each starts near its first word; the cue without words in the
+    pause it was in; times in order."""
+    assert [(c.index, c.text) for c in retimed.cues] == [(c.index, c.text) for c in sent.cues]
+    timed = zip(retimed.cues, true_starts, strict=True)
+    errors = [abs(cue.start - true) for cue, true in timed if true is not None]
+    assert max(errors) <= START_TOLERANCE_S, (errors, retimed.cues)
+    music = true_starts.index(None)
+    assert retimed.cues[music - 1].end <= retimed.cues[music].start <= retimed.cues[music + 1].start
+    assert all(a.end <= b.start for a, b in zip(retimed.cues[:-1], retimed.cues[1:], strict=True))
