@@ -12,7 +12,7 @@ import pytest
 
 from speech import concatenate_clips, long_clip, sentence_clips, start_errors, write_wav
 from test_formats import parse_srt
-from test_retiming import assert_retimed, drifted_subtitles
+from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.subtitles import SRT, read_subtitles, write_subtitles
 from vllm_whisper_align.quantization import encoder_int8_supported
 
@@ -142,7 +142,7 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
 
 def test_align_subtitles_retimes_a_drifting_srt(tmp_path):
     """`align AUDIO --subtitles in.srt`: the same SRT on stdout, every cue at its words' new times."""
-    sentences = sentence_clips()[:4]
+    sentences = [sentence_clips()[i] for i in CUE_SENTENCES[:4]]  # 26 s: one window
     write_wav(tmp_path / "talk.wav", concatenate_clips(sentences).samples)
     drifted, true_starts = drifted_subtitles(sentences, SRT)
     srt = tmp_path / "in.srt"  # with a BOM and CRLF, as Windows tools write it

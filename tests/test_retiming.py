@@ -179,6 +179,10 @@ DRIFT_SHIFT_S = 3.0
 DRIFT_RATE = 0.05
 # A re-timed cue starts this close to its first word's true start.
 START_TOLERANCE_S = 0.2
+# Sentences of tests/speech.py, in this order, whose first words tiny.en places within START_TOLERANCE_S
+# (at most 0.14 s late) after the pause before them; 30.8 s, over one window. Other orders can do worse:
+# after "...after lunch." it places "The train leaves..." 0.9 s late (the alignment's limit, not re-timing's).
+CUE_SENTENCES = (0, 1, 4, 6, 5)
 
 
 def drifted_subtitles(sentences, fmt: str) -> tuple[SubtitleFile, list[float | None]]:

@@ -19,7 +19,7 @@ from silence import state_total_samples, write_silent_flac
 from speech import (
     SpokenClip, concatenate_clips, long_clip, sentence_clips, start_errors, synthesize_words, write_wav,
 )
-from test_retiming import assert_retimed, drifted_subtitles
+from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.subtitles import VTT, read_subtitles, write_subtitles
 
 MAX_AUDIO_S = 120
@@ -278,9 +278,9 @@ def test_srt_and_vtt(server):
 
 
 def test_subtitles_part_retimes_a_drifting_vtt(server):
-    """A `subtitles` part instead of `text`: 50 s of speech (aligned window by window), the VTT back
-    with every cue's number and text and new times; json reports the cue without words."""
-    sentences = sentence_clips()
+    """A `subtitles` part instead of `text`: 31 s of speech (over one window: long-form alignment), the
+    VTT back with every cue's number and text and new times; json reports the cue without words."""
+    sentences = [sentence_clips()[i] for i in CUE_SENTENCES]
     audio = wav_bytes(concatenate_clips(sentences))
     drifted, true_starts = drifted_subtitles(sentences, VTT)
 
