@@ -24,9 +24,9 @@ from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
 )
-from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
+from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
 logger = get_logger(__name__)
@@ -398,8 +398,8 @@ async def _retiming(service: AlignmentService, form: Any) -> Response:
         raise
     retimed = await asyncio.to_thread(retiming.retime, subtitles, result)  # long files take a while
     if response_format in SUBTITLE_FORMATS:
-        text = retiming.render(retimed, result, response_format)
-        return PlainTextResponse(text, media_type=MEDIA_TYPES[response_format])
+        written = retiming.render(retimed, result, response_format)
+        return PlainTextResponse(written, media_type=MEDIA_TYPES[response_format])
     return JSONResponse(retiming.retimed_body(retimed, result, verbose=response_format == "verbose_json"))
 
 
