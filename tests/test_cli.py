@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from speech import long_clip, sentence_clips, start_errors, write_wav
+from speech import concatenate_clips, long_clip, sentence_clips, start_errors, write_wav
 from test_formats import parse_srt
+from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
+from vllm_whisper_align.subtitles import SRT, read_subtitles, write_subtitles
 from vllm_whisper_align.quantization import encoder_int8_supported
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
@@ -136,6 +138,28 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     assert len(parse_srt(long_srt)) == len(long.words) and "00:00:3" in long_srt
     assert VLLM_INFO_LINE.search(result.stderr) and "Word timestamps: capturing" in result.stderr
     assert not UNCLEAN_EXIT.search(result.stderr), result.stderr[-3000:]
+
+
+def test_align_subtitles_retimes_a_drifting_srt(tmp_path):
+    """`align AUDIO --subtitles in.srt`: the same SRT on stdout, every cue at its words' new times."""
+    sentences = [sentence_clips()[i] for i in CUE_SENTENCES[:4]]  # 26 s: one window
+    write_wav(tmp_path / "talk.wav", concatenate_clips(sentences).samples)
+    drifted, true_starts = drifted_subtitles(sentences, SRT)
+    srt = tmp_path / "in.srt"  # with a BOM and CRLF, as Windows tools write it
+    srt.write_text(write_subtitles(drifted).replace("\n", "\r\n"), encoding="utf-8-sig")
+    result = run_cli("align", str(tmp_path / "talk.wav"), "--subtitles", str(srt), *ENGINE_OPTIONS)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_quiet_and_clean(result.stderr)
+    assert len(parse_srt(result.stdout)) == len(drifted.cues)  # numbered 1.., one timing line each
+    assert_retimed(read_subtitles(result.stdout), drifted, true_starts)
+
+
+def test_bad_subtitle_file_is_one_line_error(tmp_path):
+    (tmp_path / "bad.srt").write_text("1\n00:00:01,000 --> 00:00:02,000\nhello\n\nno number here\n")
+    result = run_cli("align", str(tmp_path / "x.wav"), "--subtitles", str(tmp_path / "bad.srt"), timeout=120)
+    assert result.returncode == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "bad.srt: line 5" in errors[0], result.stderr[-3000:]
 
 
 def test_bad_manifest_line_is_one_line_error(tmp_path):

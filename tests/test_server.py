@@ -16,7 +16,11 @@ import openai
 import pytest
 
 from silence import state_total_samples, write_silent_flac
-from speech import SpokenClip, long_clip, sentence_clips, start_errors, synthesize_words, write_wav
+from speech import (
+    SpokenClip, concatenate_clips, long_clip, sentence_clips, start_errors, synthesize_words, write_wav,
+)
+from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
+from vllm_whisper_align.subtitles import VTT, read_subtitles, write_subtitles
 
 MAX_AUDIO_S = 120
 SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path
@@ -273,6 +277,34 @@ def test_srt_and_vtt(server):
                         "max_line_width")
 
 
+def test_subtitles_part_retimes_a_drifting_vtt(server):
+    """A `subtitles` part instead of `text`: 31 s of speech (over one window: long-form alignment), the
+    VTT back with every cue's number and text and new times; json reports the cue without words."""
+    sentences = [sentence_clips()[i] for i in CUE_SENTENCES]
+    audio = wav_bytes(concatenate_clips(sentences))
+    drifted, true_starts = drifted_subtitles(sentences, VTT)
+
+    def retime(subtitles: str | bytes, **data):
+        files = {"file": ("talk.wav", audio, "audio/wav"), "subtitles": ("talk.vtt", subtitles, "text/vtt")}
+        return httpx.post(f"{server}/v1/audio/alignments", files=files, data=data, timeout=600)
+
+    response = retime(write_subtitles(drifted))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/vtt")
+    assert_retimed(read_subtitles(response.text), drifted, true_starts)
+    body = retime(write_subtitles(drifted), response_format="json").json()
+    assert [(c["index"], c["aligned"]) for c in body["cues"]] == [
+        (c.index, c.text != "♪") for c in drifted.cues
+    ]
+    assert [c["start"] for c in body["cues"]] == [c.start for c in read_subtitles(response.text).cues]
+    # Malformed files, and subtitles with text, are 400s naming `subtitles`.
+    assert_openai_error(retime(b"WEBVTT\n\n00:01.000 -> 00:02.000\nhi\n"), "line 3")
+    assert_openai_error(retime(b""), "subtitles")
+    assert_openai_error(retime(b"1\n00:00:01,000 --> 00:00:02,000\n\xe2\x99\xaa\n"), "subtitles")
+    assert_openai_error(retime(write_subtitles(drifted), text="hello"), "subtitles")
+    assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
 def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
     good = wav_bytes(sentence_clips()[4])
     no_file = httpx.post(f"{server}/v1/audio/transcriptions", data={"model": "whisper-tiny.en"}, timeout=60)
@@ -495,6 +527,8 @@ def test_silence_has_a_no_speech_prob_and_thresholds_are_checked(server):
 def test_openapi_lists_alignment_route(server):
     schema = httpx.get(f"{server}/openapi.json", timeout=30).json()
     assert "/v1/audio/alignments" in schema["paths"]
+    form = schema["paths"]["/v1/audio/alignments"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert form["schema"]["properties"]["subtitles"]["format"] == "binary"
     assert "/v1/audio/transcriptions" in schema["paths"]
 
 

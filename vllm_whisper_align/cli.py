@@ -23,6 +23,8 @@ from typing import Any, Iterator, Sequence
 from vllm_whisper_align.formats import RESPONSE_FORMATS
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, ALIGNMENT_METHODS
 
+# What transcribe and align write unless --format says otherwise (align --subtitles: the file's format).
+DEFAULT_FORMAT = "verbose_json"
 # The commands that run an engine here, whose logging the CLI sets up.
 ENGINE_COMMANDS = ("transcribe", "align")
 # vLLM's handler writes to stdout by default, where the results go.
@@ -49,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--text", help="the text spoken in AUDIO")
     source.add_argument("--text-file", type=Path, help="file holding the text spoken in AUDIO")
     source.add_argument("--manifest", type=Path, help='JSON lines: {"audio": PATH, "text": TEXT}')
+    source.add_argument("--subtitles", type=Path, help="SRT or WebVTT file of AUDIO to re-time: every cue "
+                        "keeps its number and text and gets new times (written in its format by default)")
     _add_common(align)
 
     serve = commands.add_parser("serve", help="start vLLM's OpenAI server with word timestamps")
@@ -87,7 +91,7 @@ def _optional_float(text: str) -> float | None:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     parser.add_argument("--language", default=None, help="language code (default: detect)")
-    parser.add_argument("--format", choices=RESPONSE_FORMATS, default="verbose_json")
+    parser.add_argument("--format", choices=RESPONSE_FORMATS, default=None, help=f"default {DEFAULT_FORMAT}")
     parser.add_argument(
         "--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD,
         help="how word times are read: auto picks this window's sharpest heads and refines starts to "
@@ -131,6 +135,9 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     engine_args = _engine_args(engine_argv)
     # The checkpoint-loading progress bar is vLLM's too.
     engine_args.setdefault("use_tqdm_on_load", args.verbose)
+    if args.command == "align" and args.subtitles is not None:
+        return _retime(args, engine_args)
+    args.format = args.format or DEFAULT_FORMAT
     if args.command == "transcribe":
         return _transcribe(args, engine_args)
     return _align(args, engine_args)
@@ -301,6 +308,39 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(args.audio, text)]
 
 
+def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
+    """``align AUDIO --subtitles FILE``: FILE's cues with new times from AUDIO (see ``retiming``)."""
+    from vllm_whisper_align import retiming
+    from vllm_whisper_align.audio import AudioError, decode_audio
+    from vllm_whisper_align.decoding import AlignmentInputError
+    from vllm_whisper_align.formats import ALIGNMENT_FORMATS
+    from vllm_whisper_align.subtitles import read_subtitles
+
+    if args.audio is None:
+        raise ValueError("align --subtitles needs an AUDIO file")
+    if not _subtitle_options(args).is_default:
+        raise ValueError("line controls do not apply to --subtitles: its cues keep their lines")
+    try:  # before the engine starts: a bad file fails in a moment
+        subtitles = read_subtitles(args.subtitles.read_bytes())
+        text = retiming.alignment_text(subtitles.cues)
+    except ValueError as error:
+        raise ValueError(f"{args.subtitles}: {error}") from None
+    fmt = args.format or subtitles.format
+    if fmt not in ALIGNMENT_FORMATS:
+        raise ValueError(f"--subtitles writes {', '.join(ALIGNMENT_FORMATS)}; not {fmt}")
+    try:
+        samples = decode_audio(args.audio)
+        with _aligner(args.model, engine_args) as aligner:
+            result = aligner.align(
+                [samples], [text], language=args.language, alignment_method=args.alignment_method
+            )[0]
+    except (AudioError, AlignmentInputError) as error:
+        print(f"vllm-whisper-align: {args.audio}: {_one_line(error)}", file=sys.stderr)
+        return 1
+    _write(args.audio, retiming.render(retiming.retime(subtitles, result), result, fmt), fmt, args)
+    return 0
+
+
 def _aligner(model: str | None, engine_args: dict[str, Any]):
     from vllm_whisper_align.offline import WhisperAligner
 
@@ -308,14 +348,21 @@ def _aligner(model: str | None, engine_args: dict[str, Any]):
 
 
 def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granularity: str) -> None:
-    from vllm_whisper_align.formats import EXTENSIONS, write_result
+    from vllm_whisper_align.formats import write_result
 
     text = write_result(result, args.format, granularity, _subtitle_options(args))
+    _write(path, text, args.format, args)
+
+
+def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
+    """``text`` to stdout, or to ``--output-dir`` as PATH's stem with ``fmt``'s extension."""
+    from vllm_whisper_align.formats import EXTENSIONS
+
     if args.output_dir is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    target = args.output_dir / f"{Path(path).stem}.{EXTENSIONS[args.format]}"
+    target = args.output_dir / f"{Path(path).stem}.{EXTENSIONS[fmt]}"
     target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
 

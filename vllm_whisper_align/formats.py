@@ -70,6 +70,14 @@ def format_timestamp(seconds: float, always_include_hours: bool = False, decimal
     return f"{hours_marker}{minutes:02d}:{whole_seconds:02d}{decimal_marker}{milliseconds:03d}"
 
 
+def srt_timestamp(seconds: float) -> str:
+    return format_timestamp(seconds, always_include_hours=True, decimal_marker=",")
+
+
+def vtt_timestamp(seconds: float) -> str:
+    return format_timestamp(seconds, always_include_hours=True, decimal_marker=".")
+
+
 def to_text(result: Any) -> str:
     return _plain(result)["text"].strip() + "\n"
 
@@ -97,7 +105,7 @@ def to_verbose_json(result: Any) -> str:
 def to_srt(result: Any, granularity: str = "segment", options: SubtitleOptions | None = None) -> str:
     cues = result_cues(result, granularity, options)
     blocks = [
-        f"{number}\n{_srt_time(cue.start)} --> {_srt_time(cue.end)}\n{cue.text}\n"
+        f"{number}\n{srt_timestamp(cue.start)} --> {srt_timestamp(cue.end)}\n{cue.text}\n"
         for number, cue in enumerate(cues, start=1)
     ]
     return "\n".join(blocks)
@@ -105,7 +113,7 @@ def to_srt(result: Any, granularity: str = "segment", options: SubtitleOptions |
 
 def to_vtt(result: Any, granularity: str = "segment", options: SubtitleOptions | None = None) -> str:
     cues = result_cues(result, granularity, options)
-    blocks = [f"{_vtt_time(cue.start)} --> {_vtt_time(cue.end)}\n{cue.text}\n" for cue in cues]
+    blocks = [f"{vtt_timestamp(cue.start)} --> {vtt_timestamp(cue.end)}\n{cue.text}\n" for cue in cues]
     return "\n".join(["WEBVTT\n", *blocks])
 
 
@@ -273,14 +281,6 @@ def _subtitles(segments: list[list[dict]], options: SubtitleOptions):
 
 def _ms(seconds: float) -> int:
     return int(round(float(seconds) * 1000.0))
-
-
-def _srt_time(seconds: float) -> str:
-    return format_timestamp(seconds, always_include_hours=True, decimal_marker=",")
-
-
-def _vtt_time(seconds: float) -> str:
-    return format_timestamp(seconds, always_include_hours=True, decimal_marker=".")
 
 
 def _plain(value: Any) -> Any:

@@ -19,7 +19,7 @@ from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.utils import random_uuid
 
-from vllm_whisper_align import decoding
+from vllm_whisper_align import decoding, retiming
 from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
     ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
@@ -27,6 +27,7 @@ from vllm_whisper_align.formats import (
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD, TRANSCRIPTION_METHODS
 from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
+from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.vllm_adapter import speech_to_text_handler
 
 logger = get_logger(__name__)
@@ -35,6 +36,8 @@ router = APIRouter()
 
 # Subtitle line controls a form may set (openai-whisper's names), besides the flag highlight_words.
 SUBTITLE_FIELDS = ("max_line_width", "max_line_count", "max_words_per_line")
+# Media types of the subtitle formats; other text formats are text/plain.
+MEDIA_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 # Seeds vLLM's own OpenAI protocol accepts (torch's int64).
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -90,6 +93,11 @@ ALIGNMENT_SCHEMA = _multipart_schema({
     "model": {"type": "string"},
     "text": {"type": "string", "description": "text spoken in the audio"},
     "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
+    "subtitles": {
+        "type": "string", "format": "binary",
+        "description": "SRT or WebVTT file of the audio to re-time (instead of text): every cue keeps its "
+                       "number and text and gets new times; response_format defaults to the file's format",
+    },
     "language": {"type": "string"},
     "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
     **_method_schema(ALIGNMENT_METHODS),
@@ -251,8 +259,7 @@ def _render(
         return JSONResponse({"text": result["text"]})
     granularity = "word" if "word" in granularities else "segment"
     text = write_result(result, response_format, granularity, options)
-    media = {"srt": "application/x-subrip", "vtt": "text/vtt"}.get(response_format, "text/plain")
-    return PlainTextResponse(text, media_type=media)
+    return PlainTextResponse(text, media_type=MEDIA_TYPES.get(response_format, "text/plain"))
 
 
 async def _answer(raw_request: Request, handler, **kwargs) -> Response:
@@ -352,12 +359,19 @@ async def create_alignment(raw_request: Request):
     Multipart fields: ``file``, ``model``, ``text`` or ``tokens`` (a JSON list of token ids),
     optional ``language`` and ``response_format`` (json | verbose_json | srt | vtt; json gives
     ``text``, ``words`` and ``tokens``).
+
+    Re-timing: a ``subtitles`` part (an SRT or WebVTT file) instead of ``text`` gives every cue new
+    times and keeps its number and text; the answer is the file in its own format unless
+    ``response_format`` says otherwise (json: ``text`` and ``cues``, each with ``aligned``: false
+    for a cue placed between its neighbours; verbose_json: the alignment's body and ``cues``).
     """
     return await _answer(raw_request, _alignment)
 
 
 async def _alignment(raw_request: Request, service: AlignmentService, form: Any) -> Response:
     service.check_model(_text(form, "model"))
+    if form.get("subtitles") is not None:
+        return await _retiming(service, form)
     response_format = _choice(form, "response_format", ALIGNMENT_FORMATS, "json")
     subtitle_options = _subtitle_options(form)
     alignment_method = _choice(form, "alignment_method", ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD)
@@ -372,6 +386,48 @@ async def _alignment(raw_request: Request, service: AlignmentService, form: Any)
     if response_format == "json":
         return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})
     return _render(result, response_format, ["word", "segment"], subtitle_options)
+
+
+async def _retiming(service: AlignmentService, form: Any) -> Response:
+    """The ``subtitles`` part's cues with new times (``retiming``)."""
+    if _text(form, "text") is not None or _text(form, "tokens") is not None:
+        raise RequestError("give one of `text`, `tokens` or `subtitles`", "subtitles")
+    if not _subtitle_options(form).is_default:
+        raise RequestError("line controls do not apply to `subtitles`: cues keep their lines", "subtitles")
+    subtitles = await _subtitles(form, service)
+    response_format = _choice(form, "response_format", ALIGNMENT_FORMATS, subtitles.format)
+    alignment_method = _choice(form, "alignment_method", ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD)
+    try:
+        text = retiming.alignment_text(subtitles.cues)
+    except ValueError as error:
+        raise RequestError(str(error), "subtitles") from None
+    samples = await _audio(form, service)
+    try:
+        result = await service.align(
+            samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=None,
+            language=_text(form, "language") or None, alignment_method=alignment_method,
+        )
+    except RequestError as error:
+        if error.param == "text":  # the text came from the subtitles
+            error.param = "subtitles"
+        raise
+    retimed = await asyncio.to_thread(retiming.retime, subtitles, result)  # long files take a while
+    if response_format in SUBTITLE_FORMATS:
+        written = retiming.render(retimed, result, response_format)
+        return PlainTextResponse(written, media_type=MEDIA_TYPES[response_format])
+    return JSONResponse(retiming.retimed_body(retimed, result, verbose=response_format == "verbose_json"))
+
+
+async def _subtitles(form: Any, service: AlignmentService) -> SubtitleFile:
+    """The ``subtitles`` part, a file or a plain field, read into cues."""
+    part = form.get("subtitles")
+    data = await part.read() if isinstance(part, UploadFile) else part
+    if len(data) > service.limits.max_file_bytes:
+        raise RequestError(f"`subtitles` is over {service.limits.max_file_mb:g} MB", "subtitles")
+    try:
+        return await asyncio.to_thread(read_subtitles, data)
+    except ValueError as error:
+        raise RequestError(f"`subtitles`: {error}", "subtitles") from None
 
 
 def _token_ids(raw: str | None) -> list[int] | None:
