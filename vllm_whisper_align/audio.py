@@ -388,12 +388,16 @@ def _quietest_point(region: np.ndarray, frame_length: int) -> int:
     return int(round(middle_frame * frame_length))
 
 
+def true_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends ([start, end)) of the runs of True in a boolean mask, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask).astype(np.int8), [0]])))
+    return edges[0::2], edges[1::2]
+
+
 def _longest_run(mask: np.ndarray) -> tuple[int, int]:
     """[start, end) of the longest run of True in a non-empty mask with at least one True;
     ties go to the latest run so chunks stay as long as allowed."""
-    padded = np.concatenate([[False], mask, [False]])
-    edges = np.flatnonzero(np.diff(padded.astype(np.int8)))
-    starts, ends = edges[0::2], edges[1::2]
+    starts, ends = true_runs(mask)
     lengths = ends - starts
     best = len(lengths) - 1 - int(np.argmax(lengths[::-1]))
     return int(starts[best]), int(ends[best])
@@ -432,8 +436,7 @@ def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.nda
 
 def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
     speech = speech.copy()
-    edges = np.flatnonzero(np.diff(np.concatenate([[1], speech.astype(np.int8), [1]])))
-    for start, end in zip(edges[0::2], edges[1::2], strict=True):  # runs of silence [start, end)
+    for start, end in zip(*true_runs(~speech), strict=True):  # runs of silence [start, end)
         if end - start < min_frames and start > 0 and end < len(speech):
             speech[start:end] = True
     return speech

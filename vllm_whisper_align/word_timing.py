@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vllm_whisper_align.audio import SPEECH_FRAME_SECONDS, true_runs
 Decode = Callable[[list[int]], str]
 
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"
@@ -357,8 +358,8 @@ def add_word_timestamps(
 
 
 def snap_to_speech(
-    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = 0.02,
-    neighbour_sound: bool = False,
+    words: list[WordTiming], speech: np.ndarray, offset: float,
+    frame_seconds: float = SPEECH_FRAME_SECONDS, neighbour_sound: bool = False,
 ) -> None:
     """Move word starts forward out of silence and word ends back out of it, in place.
 
@@ -379,7 +380,8 @@ def snap_to_speech(
         first, last = frame(word.start), frame(word.end)  # [first, last) frames of the word
         if not 0 <= first < last <= len(speech) or speech[first:last].all():
             continue
-        voiced = _runs(speech[first:last])
+        starts, ends = true_runs(speech[first:last])
+        voiced = list(zip(starts.tolist(), ends.tolist(), strict=True))  # [start, end) of each sound
         if not voiced:
             continue  # no sound under the word at all: leave DTW's answer
         start_run, end_run = voiced[0], voiced[-1]
@@ -396,7 +398,7 @@ def snap_to_speech(
 
 def refine_starts(
     words: list[WordTiming], onsets: np.ndarray, speech: np.ndarray, offset: float,
-    onset_seconds: float, speech_seconds: float = 0.02,
+    onset_seconds: float, speech_seconds: float = SPEECH_FRAME_SECONDS,
 ) -> None:
     """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it.
 
@@ -413,8 +415,9 @@ def refine_starts(
         speech_frame = int(round((word.start - offset) / speech_seconds))
         before = speech[max(0, speech_frame - ONSET_AFTER_SOUND_FRAMES) : speech_frame]
         if speech_frame > 0 and len(before) and before.all():
-            low = word.start - ONSET_SEARCH_S if previous_end is None else max(word.start - ONSET_SEARCH_S,
-                                                                               previous_end)
+            low = word.start - ONSET_SEARCH_S
+            if previous_end is not None:
+                low = max(low, previous_end)
             high = min(word.start + ONSET_SEARCH_S, word.end - onset_seconds)
             first = max(0, int(round((low - offset) / onset_seconds)))
             last = min(len(onsets) - 1, int(round((high - offset) / onset_seconds)))
@@ -427,7 +430,7 @@ def refine_starts(
 
 
 def extend_ends(
-    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = 0.02
+    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS
 ) -> None:
     """Move each end that falls inside sound forward to where that sound stops, in place.
 
@@ -447,8 +450,3 @@ def extend_ends(
         if len(quiet):
             word.end = round_time(offset + (end + quiet[0]) * frame_seconds)
 
-
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) of each run of True in ``mask``."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
-    return list(zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True))
