@@ -16,12 +16,6 @@ class AlignmentHeads:
     heads: tuple[tuple[int, int], ...]
     source: str
 
-    def by_layer(self) -> dict[int, list[int]]:
-        layers: dict[int, list[int]] = {}
-        for layer, head in self.heads:
-            layers.setdefault(layer, []).append(head)
-        return layers
-
 
 def upper_half_heads(num_layers: int, num_heads: int) -> list[tuple[int, int]]:
     """openai-whisper's fallback for models it has no tuned heads for: every head of the upper half
