@@ -142,6 +142,8 @@ class WhisperAligner:
         ]
         long = [i for i, s in enumerate(samples) if longform.needs_windows(s)]
         short = [i for i, s in enumerate(samples) if not longform.needs_windows(s)]
+        if long:  # before any engine work: the short ones would otherwise run for nothing
+            longform.check_method(alignment_method)
         plans = [
             decoding.plan_alignment(
                 samples[i], self.tokens, language=language, alignment_method=alignment_method, **given[i]
@@ -190,8 +192,6 @@ class WhisperAligner:
         self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str
     ) -> list[dict]:
         """``longform``'s two passes, each one ``generate`` call over every window of every input."""
-        if samples:
-            longform.check_method(alignment_method)
         language = language or "en"
         given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
         heard = [
