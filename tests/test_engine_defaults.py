@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -76,6 +78,7 @@ def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monk
     assert args["kv_cache_memory_bytes"] == kv_cache_bytes(TINY, dtype, args["max_num_seqs"])
     given = default_engine_args(str(model_dir), dtype="float16", kv_cache_memory_bytes=10**9, max_num_seqs=4)
     assert (given["dtype"], given["kv_cache_memory_bytes"], given["max_num_seqs"]) == ("float16", 10**9, 4)
+    assert args["mm_processor_cache_gb"] == 0
 
 
 def test_user_kv_space_variable_wins(model_dir, monkeypatch):
@@ -98,3 +101,21 @@ def test_serve_passes_only_what_the_user_did_not(model_dir, argv, monkeypatch):
         assert options["--served-model-name"] == "whisper-tiny.en"
     assert int(options["--kv-cache-memory-bytes"]) > 0
     assert env.get("VLLM_WORKER_MULTIPROC_METHOD", os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")) == "spawn"
+
+
+@pytest.mark.parametrize(("given", "backend"), [({}, "uni"), ({"distributed_executor_backend": "mp"}, "mp")])
+def test_one_cpu_worker_runs_in_the_engine_core_unless_the_user_asks(model_dir, given, backend):
+    """vLLM's CPU platform would move a single worker into a process of its own (a third copy of
+    torch and vLLM: 560 MiB PSS); the plugin keeps vLLM's "uni" choice, and the user's "mp" stays."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    config = EngineArgs(**default_engine_args(str(model_dir), **given)).create_engine_config()
+    assert config.parallel_config.distributed_executor_backend == backend
+
+
+def test_engine_processes_do_not_import_numba():
+    """The DTW kernels run on the API side: the model and the worker plugin must not pull in numba
+    (its LLVM costs every engine process memory)."""
+    code = "import sys, vllm_whisper_align.model, vllm_whisper_align.plugin; print('numba' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "False"

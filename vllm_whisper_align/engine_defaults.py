@@ -7,6 +7,11 @@ Decided here and nowhere else, each only when the user did not set it:
   float32's speed. On GPU the model's own dtype stays.
 - KV cache: on CPU, vLLM reserves a fixed amount up front. It is sized from the model's decoder
   (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``.
+- the multimodal processor cache: off. vLLM keeps up to 4 GiB of processed inputs in the API
+  server and as much again in each engine core, to skip re-processing an input it has seen. Audio
+  is rarely sent twice, so a serving process grew by one window's features (0.9 MiB) per window
+  served until the cache was full; a 3-hour recording alone would fill 330 MiB. Computing a
+  window's features costs far less than the encoder pass that follows it.
 - thread binding (environment only; see :func:`engine_environment`).
 - the served model id: a name, never a filesystem path.
 """
@@ -102,7 +107,9 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Engine arguments for ``model`` that the user has not set in ``given`` (engine argument names)."""
     from vllm.platforms import current_platform
 
-    settings: dict[str, Any] = {"limit_mm_per_prompt": {"audio": 1}, "max_num_seqs": DEFAULT_MAX_NUM_SEQS}
+    settings: dict[str, Any] = {
+        "limit_mm_per_prompt": {"audio": 1}, "max_num_seqs": DEFAULT_MAX_NUM_SEQS, "mm_processor_cache_gb": 0,
+    }
     on_cpu = current_platform.is_cpu()
     dtype = fast_dtype(on_cpu, cpu_flags())
     if dtype is not None:
@@ -141,6 +148,8 @@ def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
                      f"(sized to the model; --kv-cache-memory-bytes overrides)")
     if "max_num_seqs" in chosen:
         parts.append(f"max_num_seqs {chosen['max_num_seqs']}")
+    if "mm_processor_cache_gb" in chosen:
+        parts.append("no multimodal processor cache (--mm-processor-cache-gb overrides)")
     if parts:
         logger.info("whisper-align defaults for this %s: %s", "CPU" if on_cpu else "GPU", ", ".join(parts))
 

@@ -31,6 +31,7 @@ def register() -> None:
 
     vllm_adapter.check_vllm()
     vllm_adapter.guard_kernel_override_scan()
+    vllm_adapter.keep_single_cpu_worker_in_engine_core()
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(

@@ -17,9 +17,7 @@ import numba
 import numpy as np
 
 from vllm_whisper_align.audio import TOKENS_PER_SECOND
-
-# Width of the median filter along frames (openai-whisper's find_alignment default).
-MEDFILT_WIDTH = 7
+from vllm_whisper_align.params import MEDFILT_WIDTH
 
 
 # ---------------------------------------------------------------------------- median filter

@@ -143,6 +143,43 @@ def speech_to_text_handler(app_state: Any, task: str) -> Any:
     return getattr(app_state, name, None)
 
 
+# ---------------------------------------------------------------------------- CPU executor
+
+
+def keep_single_cpu_worker_in_engine_core() -> None:
+    """On CPU, run a single worker inside the engine core process, as vLLM does on GPU.
+
+    Why internal: vLLM 0.32's ``CpuPlatform.check_and_update_config`` turns the "uni" executor that
+    vLLM picks for one worker into "mp" whenever the engine core has a process of its own, so every
+    CPU engine ran its model in a third process that imports torch and vLLM once more: 560 MiB of
+    the default tiny.en server's 2960 MiB PSS (benchmarks/RESULTS.md). The reason vLLM gives (the
+    OpenMP environment cannot be set in the process) does not hold there: the engine core is itself
+    a process vLLM spawns after the platform has set LD_PRELOAD, and the CPU worker binds its
+    OpenMP threads when it initialises, in whichever process it runs. Measured on this project's
+    server: the same words and the same throughput. Only vLLM's own choice is undone: a user's
+    ``--distributed-executor-backend mp`` stays, and more than one worker (TP, PP, DP) is left as
+    vLLM makes it. Idempotent.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    platform_class = type(current_platform)
+    original = platform_class.check_and_update_config
+    if getattr(original, "keeps_single_worker_in_engine_core", False):
+        return
+
+    def check_and_update_config(cls, vllm_config: Any) -> None:
+        parallel_config = vllm_config.parallel_config
+        vllm_chose_uni = parallel_config.distributed_executor_backend == "uni"
+        original.__func__(cls, vllm_config)
+        if vllm_chose_uni and parallel_config.distributed_executor_backend == "mp":
+            parallel_config.distributed_executor_backend = "uni"
+
+    check_and_update_config.keeps_single_worker_in_engine_core = True
+    platform_class.check_and_update_config = classmethod(check_and_update_config)
+
+
 # ---------------------------------------------------------------------------- kernel-override scan
 
 
