@@ -676,9 +676,10 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "## Caveats", "",
         "- Two CPU cores: every system's threads and, for HTTP, the benchmark's own client share them.",
         "- vLLM runs an API server and an engine core process (HTTP) or the caller and an engine core "
-        "(offline), plus a worker process; summed RSS counts their shared pages (torch, libraries) once per "
-        "process, so it overstates our memory compared with the single-process peers. The PSS column does "
-        "not double count.",
+        "(offline); the model runs in the engine core (vLLM's CPU backend would start a worker process "
+        "of its own: the plugin keeps it in the engine core, see README). Summed RSS counts their shared "
+        "pages (torch, libraries) once per process, so it overstates our memory compared with the "
+        "single-process peers. The PSS column does not double count.",
         "- bfloat16 rows: " + (
             "this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
             else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."

@@ -258,3 +258,29 @@ def test_fallback_resubmits_only_the_failing_windows(aligner, clips):
     assert kept["words"] and {s["temperature"] for s in kept["segments"]} == {0.0}, kept
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
+
+
+def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips):
+    """At a temperature above 0 a window runs as best_of seeded candidates; the one kept is the
+    candidate openai-whisper's ranker prefers, each candidate run here on its own through
+    LLM.generate with the same seed. The others' captures are freed."""
+    from vllm_whisper_align import decoding
+    from vllm_whisper_align.decoding import FallbackOptions
+
+    sampled = FallbackOptions(temperatures=(1.0,), best_of=5)
+    plan = plan_transcription(clips[2].samples, aligner.tokens, language="en", fallback=sampled,
+                              suppress_tokens=aligner.suppress_tokens)
+    candidates = plan.windows[0].candidates()
+    alone = aligner.llm.generate([c.engine_prompt() for c in candidates],
+                                 [c.sampling_params for c in candidates])
+    outputs = [decoding.window_output(c, o, aligner.tokens) for c, o in zip(candidates, alone, strict=True)]
+    texts = [aligner.tokens.decode(o.token_ids).strip() for o in outputs]
+    assert len(set(texts)) > 1, texts  # otherwise the choice would not be tested
+    best = max(range(len(outputs)), key=lambda i: decoding.sum_logprob_score(outputs[i]))
+    aligner.discard([key for c in candidates for key in c.capture_keys()])
+
+    result = aligner.transcribe([clips[2].samples], language="en", temperature=1.0, best_of=5,
+                                logprob_threshold=None, compression_ratio_threshold=None)[0]
+    assert result["text"].strip() == texts[best], (texts, best)
+    stats = aligner.capture_stats()
+    assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats

@@ -69,6 +69,55 @@ def test_fall_back_replaces_only_failing_windows_with_fresh_keys(tokens):
     assert retried == [] and plan.windows[1].temperature == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("best_of", [1, 5])
+def test_sampled_attempts_run_best_of_candidates_with_their_own_seeds_and_keys(tokens, best_of):
+    samples = np.zeros(16000 * 20, dtype=np.float32)
+    fallback = FallbackOptions(best_of=best_of)
+    plan = decoding.plan_transcription(samples, tokens, language="en", fallback=fallback)
+    assert plan.windows[0].candidates() == (plan.windows[0],)  # greedy: one
+    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)])
+    candidates = plan.windows[0].candidates()
+    assert len(candidates) == best_of
+    assert len({c.sampling_params.seed for c in candidates}) == best_of
+    assert len({c.alignment.key for c in candidates}) == best_of
+    assert [c.temperature for c in candidates] == pytest.approx([0.2] * best_of)
+    # no_speech_prob is read once, at the step every candidate shares.
+    assert [c.no_speech is not None for c in candidates] == [True] + [False] * (best_of - 1)
+    assert set(plan.windows[0].capture_keys()) >= {c.alignment.key for c in candidates}
+
+
+def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
+    import torch
+    from whisper.decoding import MaximumLikelihoodRanker
+
+    samples = np.zeros(16000 * 20, dtype=np.float32)
+    plan = decoding.plan_transcription(samples, tokens, language="en", fallback=FallbackOptions(best_of=3))
+    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)])
+    window = plan.windows[0]
+    # (text token logprobs, eot logprob): a short confident text, a long one, a short improbable one.
+    drafts = [([-0.5, -0.5], -0.1), ([-0.3] * 10, -0.2), ([-2.0], -0.5)]
+    outputs = [
+        WindowOutput(list(range(len(lps))), lps, avg_logprob=(sum(lps) + eot) / (len(lps) + 1),
+                     no_speech_prob=0.3 if i == 0 else 0.0)
+        for i, (lps, eot) in enumerate(drafts)
+    ]
+    ranked = MaximumLikelihoodRanker(None).rank(
+        [[torch.zeros(len(lps)) for lps, _ in drafts]], [[sum(lps) + eot for lps, eot in drafts]]
+    )[0]
+    kept, kept_outputs, dropped = decoding.keep_best([window], outputs)
+    best = window.candidates()[ranked]
+    assert kept[0].alignment.key == best.alignment.key and kept[0].siblings == ()
+    assert kept_outputs[0].token_logprobs == outputs[ranked].token_logprobs
+    assert kept_outputs[0].no_speech_prob == 0.3  # the primary's reading
+    assert set(dropped) == {c.alignment.key for c in window.candidates()} - {best.alignment.key}
+
+
+def test_best_of_is_checked():
+    for best_of in (0, 21, 2.5):
+        with pytest.raises(ValueError, match="best_of"):
+            FallbackOptions(best_of=best_of).validate()
+
+
 def test_no_speech_row_is_after_the_previous_text(tokens):
     plan = decoding.plan_transcription(
         np.zeros(16000, np.float32), tokens, language="en", prompt="hello there"

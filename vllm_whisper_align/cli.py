@@ -82,6 +82,9 @@ def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--{name}", type=_optional_float, default=default, help=f"{meaning} (default {default})"
         )
+    parser.add_argument("--best-of", type=int, default=decoding.BEST_OF,
+                        help="candidates sampled per window above temperature 0; the likeliest is kept "
+                             f"(default {decoding.BEST_OF})")
 
 
 def _optional_float(text: str) -> float | None:
@@ -257,6 +260,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 compression_ratio_threshold=args.compression_ratio_threshold,
                 logprob_threshold=args.logprob_threshold,
                 no_speech_threshold=args.no_speech_threshold,
+                best_of=args.best_of,
                 alignment_method=args.alignment_method,
                 use_tqdm=args.verbose and len(decoded) > 1,
             )

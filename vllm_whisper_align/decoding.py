@@ -6,7 +6,8 @@ engine request, and read what comes back with :func:`window_output`. Prompts, sa
 output caps and suppressed tokens are decided here and nowhere else, and so is openai-whisper's
 per-window quality policy: the temperature fallback (:func:`fall_back`) and the rule that drops a
 window as silence (:func:`is_silent`). The runners only loop: submit every window, then re-submit
-the windows :func:`fall_back` replaced, until none is.
+the windows :func:`fall_back` replaced, until none is. Above temperature 0 a window runs as
+``best_of`` candidates (:meth:`WindowRequest.candidates`), of which :func:`keep_best` keeps one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ MAX_TEMPERATURE = 1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
-# Seed of a window's first sampled attempt when the caller gives none (see _at_temperature).
+# Candidates sampled per window at a temperature above 0, the best of which is kept (openai-whisper's
+# CLI and faster-whisper: --best_of 5).
+BEST_OF = 5
+MAX_BEST_OF = 20
+# Seed of a window's first sampled candidate when the caller gives none (see _at_temperature).
 FALLBACK_SEED = 0
 
 
@@ -74,10 +79,12 @@ class FallbackOptions:
     compression_ratio_threshold: float | None = COMPRESSION_RATIO_THRESHOLD
     logprob_threshold: float | None = LOGPROB_THRESHOLD
     no_speech_threshold: float | None = NO_SPEECH_THRESHOLD
+    # Candidates sampled at each temperature above 0; the likeliest is kept (see keep_best).
+    best_of: int = BEST_OF
 
     @classmethod
-    def starting_at(cls, temperature: float = 0.0, **thresholds: float | None) -> FallbackOptions:
-        return cls(temperature_schedule(temperature), **thresholds)
+    def starting_at(cls, temperature: float = 0.0, **options: Any) -> FallbackOptions:
+        return cls(temperature_schedule(temperature), **options)
 
     def validate(self) -> None:
         """A ValueError naming the first option that makes no sense."""
@@ -94,6 +101,8 @@ class FallbackOptions:
             raise ValueError(f"compression_ratio_threshold must be > 0; got {ratio}")
         if self.logprob_threshold is not None and self.logprob_threshold > 0:
             raise ValueError(f"logprob_threshold is a log-probability (<= 0); got {self.logprob_threshold}")
+        if not isinstance(self.best_of, int) or not 1 <= self.best_of <= MAX_BEST_OF:
+            raise ValueError(f"best_of must be an integer from 1 to {MAX_BEST_OF}; got {self.best_of}")
 
 
 def suppressed_tokens(model_config) -> list[int]:
@@ -120,14 +129,21 @@ class WindowRequest:
     suppress_tokens: tuple[int, ...] = ()
     # Which temperature of the plan's schedule this attempt runs at.
     attempt: int = 0
+    # The other candidates sampled for this attempt (best_of - 1 of them above temperature 0), each
+    # with its own seed and capture key; keep_best leaves one.
+    siblings: tuple[WindowRequest, ...] = ()
 
     @property
     def temperature(self) -> float:
         return self.sampling_params.temperature
 
+    def candidates(self) -> tuple[WindowRequest, ...]:
+        """The engine requests this attempt runs: itself and its siblings."""
+        return (self, *self.siblings)
+
     def capture_keys(self) -> list[str]:
-        """The keys under which the workers keep something for this attempt."""
-        return [p.key for p in (self.alignment, self.no_speech) if p is not None]
+        """The keys under which the workers keep something for this attempt's candidates."""
+        return [p.key for c in self.candidates() for p in (c.alignment, c.no_speech) if p is not None]
 
     @property
     def duration(self) -> float:
@@ -298,30 +314,76 @@ def plan_transcription(
             no_speech=no_speech, sampling_options=dict(sampling or {}),
             suppress_tokens=tuple(suppress_tokens),
         )
-        windows.append(_at_temperature(window, 0, fallback.temperatures[0]))
+        windows.append(_at_temperature(window, 0, fallback.temperatures[0], fallback.best_of))
     language = "en" if tokens.is_english_only else language
     return Plan(windows, len(samples) / SAMPLE_RATE, language or "en", task, word_timestamps, fallback)
 
 
-def _at_temperature(window: WindowRequest, attempt: int, temperature: float) -> WindowRequest:
-    """``window`` as attempt ``attempt``, with fresh capture keys: the workers keep each attempt's
-    capture apart, so a superseded one can be discarded while its successor runs."""
-    alignment = window.alignment and replace(window.alignment, key=new_alignment_key())
-    no_speech = window.no_speech and replace(window.no_speech, key=new_alignment_key())
-    options = window.sampling_options
-    if temperature > 0 and options.get("seed") is None:
-        # Sampled attempts are reproducible (the same input gives the same text, alone or in any
+def _at_temperature(window: WindowRequest, attempt: int, temperature: float, best_of: int) -> WindowRequest:
+    """``window`` as attempt ``attempt``, with fresh capture keys (the workers keep each attempt's
+    capture apart, so a superseded one can be discarded while its successor runs), and above
+    temperature 0 with ``best_of - 1`` siblings sampled beside it."""
+    count = best_of if temperature > 0 else 1
+    seed = window.sampling_options.get("seed")
+    if seed is None:
+        # Sampled candidates are reproducible (the same input gives the same text, alone or in any
         # batch: vLLM seeds each request's own generator) unless the caller gives a seed.
-        options = {**options, "seed": FALLBACK_SEED + attempt}
+        seed = FALLBACK_SEED + attempt * MAX_BEST_OF
+    candidates = [
+        _candidate(window, attempt, temperature, seed + index if temperature > 0 else None, index == 0)
+        for index in range(count)
+    ]
+    return replace(candidates[0], siblings=tuple(candidates[1:]))
+
+
+def _candidate(
+    window: WindowRequest, attempt: int, temperature: float, seed: int | None, primary: bool
+) -> WindowRequest:
+    alignment = window.alignment and replace(window.alignment, key=new_alignment_key())
+    # no_speech_prob is read at the first step, which every candidate shares: the primary reads it.
+    no_speech = window.no_speech and primary and replace(window.no_speech, key=new_alignment_key())
+    options = window.sampling_options if seed is None else {**window.sampling_options, "seed": seed}
     sampling_params = transcription_sampling(
         options, window.suppress_tokens, window.max_text_tokens,
-        len(window.prompt_token_ids), alignment, no_speech, temperature,
+        len(window.prompt_token_ids), alignment, no_speech or None, temperature,
     )
-    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech,
-                   attempt=attempt)
+    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech or None,
+                   attempt=attempt, siblings=())
 
 
 # ---------------------------------------------------------------------------- quality policy
+
+
+def sum_logprob_score(output: WindowOutput) -> float:
+    """openai-whisper's ranking of sampled candidates (MaximumLikelihoodRanker, no length penalty):
+    the summed log-probability of the text tokens and eot, over the number of text tokens."""
+    length = len(output.token_ids)
+    return output.avg_logprob * (length + 1) / max(length, 1)
+
+
+def keep_best(
+    windows: Sequence[WindowRequest], outputs: Sequence[WindowOutput]
+) -> tuple[list[WindowRequest], list[WindowOutput], list[str]]:
+    """For each window, the candidate with the best :func:`sum_logprob_score` and its output.
+
+    ``outputs`` are those of every window's ``candidates()``, in order. The kept output carries the
+    primary candidate's no_speech_prob. Returns the kept windows, their outputs, and the capture
+    keys of the candidates not kept, to discard.
+    """
+    kept_windows, kept_outputs, dropped = [], [], []
+    position = 0
+    for window in windows:
+        candidates = window.candidates()
+        scored = outputs[position : position + len(candidates)]
+        position += len(candidates)
+        best = max(range(len(candidates)), key=lambda i: sum_logprob_score(scored[i]))
+        kept_windows.append(replace(candidates[best], siblings=(), no_speech=window.no_speech))
+        kept_outputs.append(replace(scored[best], no_speech_prob=scored[0].no_speech_prob))
+        dropped += [c.alignment.key for i, c in enumerate(candidates)
+                    if i != best and c.alignment is not None]
+    if position != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs for {position} candidates")
+    return kept_windows, kept_outputs, dropped
 
 
 def compression_ratio(text: str) -> float:
@@ -359,7 +421,9 @@ def fall_back(plan: Plan, outputs: Sequence[WindowOutput]) -> tuple[list[int], l
         if window.forced_tokens is not None or following >= len(plan.fallback.temperatures):
             continue
         if needs_fallback(output, plan.fallback):
-            plan.windows[index] = _at_temperature(window, following, plan.fallback.temperatures[following])
+            plan.windows[index] = _at_temperature(
+                window, following, plan.fallback.temperatures[following], plan.fallback.best_of
+            )
             retried.append(index)
             superseded += window.capture_keys()
     return retried, superseded

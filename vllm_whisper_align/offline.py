@@ -91,19 +91,21 @@ class WhisperAligner:
         compression_ratio_threshold: float | None = decoding.COMPRESSION_RATIO_THRESHOLD,
         logprob_threshold: float | None = decoding.LOGPROB_THRESHOLD,
         no_speech_threshold: float | None = decoding.NO_SPEECH_THRESHOLD,
+        best_of: int = decoding.BEST_OF,
         alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
         use_tqdm: bool = False,
     ) -> list[dict[str, Any]]:
         """verbose_json-shaped results, one per input (``words`` and ``tokens`` when asked).
 
         ``temperature`` starts openai-whisper's fallback schedule (then +0.2 up to 1.0); the
-        thresholds are its ``transcribe`` arguments, with its defaults (None turns one off).
+        thresholds are its ``transcribe`` arguments, with its defaults (None turns one off); above
+        temperature 0 each window samples ``best_of`` candidates and keeps the likeliest.
         ``alignment_method``: "auto" (per-window heads, onset-refined starts) or "fixed" (the tuned
         alignment heads, openai-whisper's way).
         """
         fallback = decoding.FallbackOptions.starting_at(
             temperature, compression_ratio_threshold=compression_ratio_threshold,
-            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold,
+            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold, best_of=best_of,
         )
         fallback.validate()
         samples = [_samples(audio) for audio in audios]
@@ -239,14 +241,20 @@ class WhisperAligner:
                 for plan, outs in zip(plans, per_plan, strict=True)]
 
     def _generate(self, plans, per_plan, pending: list[tuple[int, int]], use_tqdm: bool) -> None:
-        """Runs the windows ``pending`` names and stores their outputs in ``per_plan``."""
+        """Runs the windows ``pending`` names (every candidate of each) and stores, in ``plans`` and
+        ``per_plan``, the candidate kept of each and its output."""
         windows = [plans[p].windows[w] for p, w in pending]
+        runs = [candidate for window in windows for candidate in window.candidates()]
         request_outputs = self.llm.generate(
-            [w.engine_prompt() for w in windows], [w.sampling_params for w in windows], use_tqdm=use_tqdm
+            [r.engine_prompt() for r in runs], [r.sampling_params for r in runs], use_tqdm=use_tqdm
         )
-        probs = self.no_speech_probs(windows)
-        for (p, w), window, output, prob in zip(pending, windows, request_outputs, probs, strict=True):
-            per_plan[p][w] = decoding.window_output(window, output, self.tokens, prob)
+        probs = self.no_speech_probs(runs)
+        outputs = [decoding.window_output(run, output, self.tokens, prob)
+                   for run, output, prob in zip(runs, request_outputs, probs, strict=True)]
+        kept, kept_outputs, dropped = decoding.keep_best(windows, outputs)
+        for (p, w), window, output in zip(pending, kept, kept_outputs, strict=True):
+            plans[p].windows[w], per_plan[p][w] = window, output
+        self.discard(dropped)
 
 
 def _samples(audio: AudioSource | np.ndarray) -> np.ndarray:

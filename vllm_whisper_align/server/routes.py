@@ -84,6 +84,9 @@ FORM_SCHEMA = _multipart_schema({
     "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}},
     "temperature": {"type": "number"},
     **{name: {"type": "number"} for name in FALLBACK_FIELDS},
+    "best_of": {"type": "integer", "minimum": 1, "maximum": decoding.MAX_BEST_OF,
+                "description": "candidates sampled per window above temperature 0, the likeliest kept "
+                               f"(default {decoding.BEST_OF})"},
     "stream": {"type": "boolean"},
     **_method_schema(TRANSCRIPTION_METHODS),
     **SUBTITLE_SCHEMA,
@@ -211,11 +214,18 @@ def _fallback(form: Any, temperature: float) -> decoding.FallbackOptions:
             thresholds[name] = float(raw)
         except ValueError:
             raise RequestError(f"`{name}` must be a number (or none); got {echo(raw)}", name) from None
+    raw_best_of = _text(form, "best_of")
+    if raw_best_of not in (None, ""):
+        try:
+            thresholds["best_of"] = int(raw_best_of)
+        except ValueError:
+            raise RequestError(f"`best_of` must be an integer; got {echo(raw_best_of)}", "best_of") from None
     options = decoding.FallbackOptions.starting_at(temperature, **thresholds)
     try:
         options.validate()
     except ValueError as error:
-        param = next((name for name in FALLBACK_FIELDS if str(error).startswith(name)), "temperature")
+        param = next((name for name in (*FALLBACK_FIELDS, "best_of") if str(error).startswith(name)),
+                     "temperature")
         raise RequestError(str(error), param) from None
     return options
 
@@ -331,8 +341,9 @@ async def create_transcription(raw_request: Request):
     temperature when its ``compression_ratio`` is over ``compression_ratio_threshold`` (2.4) or its
     ``avg_logprob`` under ``logprob_threshold`` (-1.0), and dropped as silence when its
     ``no_speech_prob`` is over ``no_speech_threshold`` (0.6) and its ``avg_logprob`` under
-    ``logprob_threshold``. These three form fields are extensions named as openai-whisper's
-    arguments; ``none`` turns one off.
+    ``logprob_threshold``. Above temperature 0 each window samples ``best_of`` (5) candidates and
+    keeps the likeliest. These form fields are extensions named as openai-whisper's arguments;
+    ``none`` turns a threshold off.
     """
     return await _answer(raw_request, _speech_to_text, task="transcribe")
 

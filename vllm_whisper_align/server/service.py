@@ -217,7 +217,8 @@ class AlignmentService:
         try:
             # All windows, then those that fall back to the next temperature, together.
             while pending:
-                ids = [f"{request_id}-{i}-{plan.windows[i].attempt}" for i in pending]
+                ids = [f"{request_id}-{i}-{plan.windows[i].attempt}-{j}"
+                       for i in pending for j in range(len(plan.windows[i].candidates()))]
                 await self._generate_windows(plan, outputs, pending, ids)
                 pending, superseded = decoding.fall_back(plan, outputs)
                 await self.discard(superseded)
@@ -236,12 +237,18 @@ class AlignmentService:
     async def _generate_windows(
         self, plan: decoding.Plan, outputs: list, pending: list[int], ids: list[str]
     ) -> None:
-        """Runs the windows ``pending`` names and stores their outputs in ``outputs``."""
+        """Runs the windows ``pending`` names (every candidate of each, under ``ids``) and stores, in
+        ``plan`` and ``outputs``, the candidate kept of each and its output."""
         windows = [plan.windows[i] for i in pending]
-        finals = await asyncio.gather(*[self._generate(w, i) for w, i in zip(windows, ids, strict=True)])
-        probs = decoding.no_speech_probs(windows, await self.no_speech(decoding.no_speech_keys(windows)))
-        for index, window, final, prob in zip(pending, windows, finals, probs, strict=True):
-            outputs[index] = decoding.window_output(window, final, self.tokens, prob)
+        runs = [candidate for window in windows for candidate in window.candidates()]
+        finals = await asyncio.gather(*[self._generate(r, i) for r, i in zip(runs, ids, strict=True)])
+        probs = decoding.no_speech_probs(runs, await self.no_speech(decoding.no_speech_keys(runs)))
+        run_outputs = [decoding.window_output(run, final, self.tokens, prob)
+                       for run, final, prob in zip(runs, finals, probs, strict=True)]
+        kept, kept_outputs, dropped = decoding.keep_best(windows, run_outputs)
+        for index, window, output in zip(pending, kept, kept_outputs, strict=True):
+            plan.windows[index], outputs[index] = window, output
+        await self.discard(dropped)
 
     async def _generate(self, window: decoding.WindowRequest, request_id: str) -> Any:
         final = None
