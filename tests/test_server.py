@@ -157,7 +157,26 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         async_client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=900)
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
-    together = asyncio.run(run_all())
+    peak = {"running": 0.0, "waiting": 0.0}
+
+    async def watch_engine(done: asyncio.Event) -> None:
+        while not done.is_set():
+            counts = await asyncio.to_thread(engine_counts, server)
+            peak.update({name: max(peak[name], counts[name]) for name in peak})
+            await asyncio.sleep(0.1)
+
+    async def run_all_watched():
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch_engine(done))
+        try:
+            return await run_all()
+        finally:
+            done.set()
+            await watcher
+
+    together = asyncio.run(run_all_watched())
+    # The default KV cache (sized to the model) admits all 32 at once: none waits for blocks.
+    assert peak["running"] == 32, peak
     for single, batched in zip(alone, together, strict=True):
         assert single.text == batched.text
         np.testing.assert_allclose(
