@@ -392,7 +392,9 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     env = {**os.environ, **engine_env}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    # Our module runs vLLM's own serve command (see vllm_adapter.run_vllm_serve): --headless and
+    # --api-server-count work as they do for `vllm serve`.
+    command = [sys.executable, "-m", "vllm_whisper_align.server", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
 

