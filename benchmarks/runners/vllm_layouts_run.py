@@ -4,14 +4,17 @@ client), ``--rounds`` passes; the figure is the median pass. Peak PSS is summed 
 process tree (API servers, engine cores, workers) from its start to the end of the last pass.
 
     .venv/bin/python benchmarks/runners/vllm_layouts_run.py --manifest benchmarks/out/manifest.json \
-        --out benchmarks/out/layouts.json            # one-engine, data-parallel-2; c=32; 2 rounds
+        --dtype default --out benchmarks/out/layouts.json   # one-engine, data-parallel-2; c=32; 2 rounds
 
-The manifest is the one benchmarks/run.py writes (75 clips, 633 s of speech).
+The manifest is the one benchmarks/run.py writes (75 clips, 633 s of speech); ``--dtype default``
+passes none (serve's own choice). benchmarks/run.py's report includes the output as a section.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shlex
 import statistics
 import sys
 import time
@@ -73,15 +76,21 @@ def run_layout(name: str, args, items, blobs, audio_s: float) -> dict:
     }
 
 
-def markdown(runs: list[dict]) -> str:
-    lines = ["| layout | flags | audio s / wall s (median) | rounds (wall s) | peak PSS MiB | start s |",
+def section(layouts: dict) -> list[str]:
+    """RESULTS.md's section for this runner's output (``layouts``: the JSON it writes)."""
+    runs = layouts["runs"]
+    lines = ["## One engine against data parallelism", "",
+             f"`{layouts['command']}` ({layouts['machine']}; {runs[0]['audio_s']} s of audio, "
+             f"concurrency {runs[0]['concurrency']}, word timestamps on, median of "
+             f"{len(runs[0]['rounds_wall_s'])} passes; dtype {runs[0]['dtype']}):", "",
+             "| layout | flags | audio s / wall s | passes (wall s) | peak PSS MiB | start s |",
              "|---|---|---|---|---|---|"]
     for run in runs:
         flags = " ".join(run["flags"]) or "–"
-        rounds = ", ".join(map(str, run["rounds_wall_s"]))
-        lines.append(f"| {run['layout']} | `{flags}` | {run['audio_s_per_wall_s']} | {rounds} | "
+        passes = ", ".join(map(str, run["rounds_wall_s"]))
+        lines.append(f"| {run['layout']} | `{flags}` | {run['audio_s_per_wall_s']} | {passes} | "
                      f"{run['peak_pss_mib']} | {run['startup_s']} |")
-    return "\n".join(lines)
+    return lines + [""]
 
 
 def main() -> None:
@@ -97,8 +106,8 @@ def main() -> None:
     blobs = {item["id"]: Path(item["path"]).read_bytes() for item in items}
     audio_s = round(sum(item["duration"] for item in items), 3)
     runs = [run_layout(name, args, items, blobs, audio_s) for name in args.layouts.split(",")]
-    write_output(args.out, "vllm-whisper-align (HTTP layouts)", runs)
-    print(markdown(runs))
+    write_output(args.out, "vllm-whisper-align (HTTP layouts)", runs, command=shlex.join(sys.argv))
+    print("\n".join(section(json.loads(Path(args.out).read_text()))))
 
 
 if __name__ == "__main__":
