@@ -49,17 +49,24 @@ def run_layout(name: str, args, items, blobs, audio_s: float) -> dict:
         async def session():
             import openai
 
-            client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0)
-            model_id = (await client.models.list()).data[0].id
-            warm = sorted(items, key=lambda i: i["duration"])[:WARM_UP_CLIPS]
-            await one_pass(client, model_id, warm, blobs, WARM_UP_CLIPS, True)
+            def new_client():
+                # One per pass: reading the tree's memory can take longer than the server keeps an
+                # idle connection open, and a pass must not start on connections it has closed.
+                return openai.AsyncOpenAI(
+                    base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0
+                )
+
+            async with new_client() as client:
+                model_id = (await client.models.list()).data[0].id
+                warm = sorted(items, key=lambda i: i["duration"])[:WARM_UP_CLIPS]
+                await one_pass(client, model_id, warm, blobs, WARM_UP_CLIPS, True)
             idle = tree_memory(proc.pid)
             walls = []
             for round_ in range(args.rounds):
-                wall, _ = await one_pass(client, model_id, items, blobs, args.concurrency, True)
+                async with new_client() as client:
+                    wall, _ = await one_pass(client, model_id, items, blobs, args.concurrency, True)
                 walls.append(wall)
                 log(f"layouts {name} round {round_ + 1}: {audio_s / wall:.2f} audio s/wall s")
-            await client.close()
             return walls, idle
 
         walls, idle = asyncio.run(session())
