@@ -47,13 +47,18 @@ def run_layout(name: str, args, items, blobs, audio_s: float) -> dict:
         startup_s = time.perf_counter() - started
 
         async def session():
+            import httpx
             import openai
 
             def new_client():
-                # One per pass: reading the tree's memory can take longer than the server keeps an
-                # idle connection open, and a pass must not start on connections it has closed.
+                # A new connection per request: under data parallel 2 on 2 cores (two API servers,
+                # starved of CPU) a pass failed twice on a connection the server was closing
+                # as the client reused it (ReadError before the response headers; max_retries=0).
+                http = openai.DefaultAsyncHttpxClient(
+                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=0)
+                )
                 return openai.AsyncOpenAI(
-                    base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0
+                    base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0, http_client=http
                 )
 
             async with new_client() as client:
