@@ -20,7 +20,9 @@ import contextlib
 import os
 import subprocess
 import sys
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -64,9 +66,16 @@ def headless_engine(model: Path, log_path: Path, args: list[str], env: dict[str,
             process.kill()
 
 
+@dataclass(frozen=True)
+class Layout:
+    base: str  # the API's URL
+    log: Path  # the API process's log
+    engines: int
+
+
 @pytest.fixture(scope="module", params=LAYOUTS)
 def layout(request, model_dir, tmp_path_factory):
-    """(base URL, server log) of a server in the layout ``request.param``."""
+    """A server in the layout ``request.param``."""
     log_dir = tmp_path_factory.mktemp(request.param)
     with contextlib.ExitStack() as stack:
         if request.param == "data-parallel-2":
@@ -84,7 +93,7 @@ def layout(request, model_dir, tmp_path_factory):
             ))
             args, env = wiring, {"VLLM_CPU_OMP_THREADS_BIND": FRONT_CORES}
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
-        yield base, log_dir / SERVER_LOG
+        yield Layout(base, log_dir / SERVER_LOG, engines=1 if request.param == "api-servers-2" else 2)
 
 
 async def _transcribe(http: httpx.AsyncClient, base: str, audio: bytes) -> dict:
@@ -105,13 +114,23 @@ async def _align(http: httpx.AsyncClient, base: str, audio: bytes, text: str) ->
     return response.json()
 
 
+def requests_per_engine(base: str) -> dict[str, float]:
+    """vLLM's own counter of finished requests, per engine index."""
+    text = httpx.get(f"{base}/metrics", timeout=30).text
+    served: dict[str, float] = {}
+    for labels, value in re.findall(r"^vllm:request_success_total\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        engine = re.search(r'engine="(\d+)"', labels).group(1)
+        served[engine] = served.get(engine, 0.0) + float(value)
+    return served
+
+
 def held_stats(base: str) -> dict[str, int]:
     stats = httpx.get(f"{base}/v1/audio/alignments/stats", timeout=30).json()
     return {name: stats[name] for name in HELD_STATS}
 
 
 def test_32_concurrent_answers_equal_each_file_alone(layout):
-    base, _ = layout
+    base = layout.base
     clips = distinct_clips(CLIPS)
     audios = [wav_bytes(clip) for clip in clips]
 
@@ -138,12 +157,15 @@ def test_32_concurrent_answers_equal_each_file_alone(layout):
     last_starts = [body["words"][-1]["start"] for body in together[:CLIPS]]
     assert all(last_starts[i] != last_starts[i + 8] for i in range(8)), last_starts
     assert held_stats(base) == dict.fromkeys(HELD_STATS, 0)
+    # Every engine served some of them: the answers above came from each engine's own capture.
+    served = requests_per_engine(base)
+    assert len(served) == layout.engines and all(count > 0 for count in served.values()), served
 
 
 def test_disconnect_frees_the_capture_on_the_engine_that_held_it(layout):
     """Four 30 s windows go to the engines (with data parallelism, to both); the client leaves while
     they run: they are aborted, the engines empty, and every engine's capture is back to zero."""
-    base, log = layout
+    base, log = layout.base, layout.log
     audio = wav_bytes(long_clip(110.0))
     aborts_before = log.read_text().count("the client went away")
 
