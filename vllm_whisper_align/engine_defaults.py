@@ -177,8 +177,9 @@ def thread_binding(given: Mapping[str, Any], cores: list[int]) -> str | None:
 
     With data parallelism each engine is a process with its own worker, and vLLM takes one core
     list per local engine, ``|``-separated, in local-rank order (vllm/utils/ompmultiprocessing.py).
-    Its automatic binding gives engine N the N-th NUMA node, so on a one-node machine a second engine
-    has no cores of its own. Here the cores are split evenly between the engines this host runs
+    Its automatic binding shares NUMA nodes out between the workers of one engine only, so every
+    engine on a one-node host takes the same cores (on 2 cores: all on core 0, core 1 reserved for
+    the API). Here the cores are split evenly between the engines this host runs
     (``--data-parallel-size-local``, else ``--data-parallel-size``): on 2 cores, data parallel 2 is
     ``0|1``. Left to vLLM: tensor or pipeline parallelism (a list per worker within an engine), more
     than ALL_CORES_UP_TO cores (its reserved core matters less there), more engines than cores.
