@@ -18,6 +18,11 @@ Long-form forced alignment (two recordings over 5 minutes, benchmarks/out/audio/
   stable-ts       stable-ts's model.align(audio, text) over openai-whisper, fp32, one recording at a time
   align           this project's WhisperAligner, float32: align(recording, text) and transcribe(recording)
 
+One engine against data parallel 2 (HTTP, same clips, concurrency 32) is its own command, whose output
+(benchmarks/out/layouts.json) the report then includes:
+  .venv/bin/python benchmarks/runners/vllm_layouts_run.py --manifest benchmarks/out/manifest.json \
+      --dtype default --out benchmarks/out/layouts.json
+
 Raw per-file words of each system: benchmarks/out/<system>.json; audio and truth: benchmarks/out/audio/.
 The long-form alignment figures also go to benchmarks/out/longform.json and longform.md.
 """
@@ -41,6 +46,7 @@ sys.path.insert(0, str(HERE))
 
 import envs  # noqa: E402
 import longform_report  # noqa: E402
+from runners import vllm_layouts_run  # noqa: E402
 import metrics  # noqa: E402
 
 SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]  # transcribing the clips
@@ -337,9 +343,11 @@ def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, co
     for name in ("openai-whisper", "stable-ts", "faster-whisper", "transformers", "report"):
         if envs.python_of(name).exists():
             versions[name] = envs.versions(name)
+    layouts = out / "layouts.json"  # runners/vllm_layouts_run.py's output, run on its own
     result = {
         "rows": rows,
         "longform": longform_rows,
+        "layouts": json.loads(layouts.read_text()) if layouts.is_file() else None,
         "overhead_pct": headline_overhead(over),
         "overhead_pct_by_run": over,
         "alignment_method_cost_pct_by_run": overheads(raws, "alignment_method_cost_pct"),
@@ -668,6 +676,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     lines += comparisons(rows) or ["(not enough rows to compare)"]
     lines += [""]
     lines += longform_report.section(result.get("longform") or [])
+    if result.get("layouts"):
+        lines += vllm_layouts_run.section(result["layouts"])
     if plot_ok:
         lines += ["## Plot", "", "![throughput and word-start errors](throughput.png)", "",
                   "Left: throughput against concurrency (hollow markers: word timestamps off). "

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_whisper_align import cli, engine_defaults
 from vllm_whisper_align.engine_defaults import (
-    cpu_flags, engine_environment, fast_dtype, kv_cache_bytes, served_model_name,
+    cpu_flags, engine_environment, fast_dtype, kv_cache_bytes, served_model_name, thread_binding,
 )
 from vllm_whisper_align.offline import default_engine_args
 
@@ -66,6 +66,19 @@ def test_environment_is_returned_not_applied(monkeypatch):
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({"tensor_parallel_size": 2})
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({}, {"VLLM_CPU_OMP_THREADS_BIND": "0"})
     assert dict(os.environ) == before
+
+
+def test_thread_binding_shares_the_cores_between_this_hosts_engines():
+    """vLLM takes one core list per local data-parallel engine, `|`-separated, in local-rank order."""
+    assert thread_binding({}, [0, 1]) == "0,1"
+    assert thread_binding({"data_parallel_size": 2}, [0, 1]) == "0|1"
+    assert thread_binding({"data_parallel_size": 2}, [0, 1, 2]) == "0,1|2"
+    assert thread_binding({"data_parallel_size": 3}, [4, 5, 6, 7]) == "4,5|6|7"
+    # The second "host" of a two-host layout runs one engine here: all of this host's cores.
+    assert thread_binding({"data_parallel_size": 2, "data_parallel_size_local": 1}, [0, 1]) == "0,1"
+    assert thread_binding({"data_parallel_size": 4}, [0, 1]) is None  # more engines than cores
+    assert thread_binding({"data_parallel_size": 2, "tensor_parallel_size": 2}, [0, 1, 2, 3]) is None
+    assert thread_binding({}, list(range(engine_defaults.ALL_CORES_UP_TO + 1))) is None
 
 
 def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monkeypatch):

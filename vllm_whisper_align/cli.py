@@ -113,7 +113,6 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         if argv[:1] == ["serve"]:
@@ -121,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # would take an option's value (`--port 8000`) for MODEL.
             model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
             return _serve(model, argv[2:] if model else argv[1:])
+        parser = build_parser()  # after serve's branch: building it imports vLLM (decoding's defaults)
         # Looked up before parsing: splitting off the engine options may import vLLM, which logs.
         runs_engine = bool(argv) and argv[0] in ENGINE_COMMANDS
         with _logging_to_stderr("--verbose" in argv) if runs_engine else contextlib.nullcontext():
@@ -389,6 +389,12 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _serve(model_name: str | None, server_argv: list[str]) -> int:
+    from vllm_whisper_align.vllm_adapter import front_end_without_plugins
+
+    unsupported = front_end_without_plugins(server_argv, os.environ)
+    if unsupported:  # before anything imports vLLM: a refusal in a moment
+        raise ValueError(f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
+                         "no /v1/audio/alignments); serve through vLLM's HTTP server")
     from vllm_whisper_align.checkpoints import resolve_model
 
     model = resolve_model(model_name)
@@ -396,7 +402,9 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     env = {**os.environ, **engine_env}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    # Our module runs vLLM's own serve command (see vllm_adapter.run_vllm_serve): --headless and
+    # --api-server-count work as they do for `vllm serve`.
+    command = [sys.executable, "-m", "vllm_whisper_align.server", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
 

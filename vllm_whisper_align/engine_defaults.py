@@ -30,7 +30,8 @@ logger = get_logger(__name__)
 DEFAULT_MAX_NUM_SEQS = 32
 # On CPU, --gpu-memory-utilization is the share of one NUMA node's memory the worker may ask for.
 CPU_MEMORY_UTILIZATION = 0.5
-PARALLEL_SIZE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+# Parallelism within one engine: several workers per engine, each wanting its own core list.
+WORKER_PARALLEL_SIZE_ARGS = ("tensor_parallel_size", "pipeline_parallel_size")
 # Up to this many cores, the model's threads get every core (see engine_environment).
 ALL_CORES_UP_TO = 4
 
@@ -170,17 +171,42 @@ def engine_environment(given: Mapping[str, Any], environ: Mapping[str, str] = os
     vLLM binds the model's OpenMP threads to all cores but one, which it leaves to its scheduler and
     API processes. Those mostly wait on the model, so on a small machine the reserved core is lost:
     on 2 cores, binding both took offline throughput from 9.4 to 15.1 audio-s per wall-s
-    (benchmarks/TUNING.md). With more workers (TP/PP/DP) vLLM needs one list per worker: left alone.
+    (benchmarks/TUNING.md). With data parallelism the cores are shared out (:func:`thread_binding`).
     Workers start with spawn: forking a process that holds CUDA or OpenMP state breaks them.
     """
     from vllm.platforms import current_platform
 
     wanted = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
-    single_worker = all(given.get(name) in (None, 1) for name in PARALLEL_SIZE_ARGS)
-    cores = sorted(os.sched_getaffinity(0))
-    if current_platform.is_cpu() and single_worker and len(cores) <= ALL_CORES_UP_TO:
-        wanted["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    binding = thread_binding(given, sorted(os.sched_getaffinity(0)))
+    if current_platform.is_cpu() and binding is not None:
+        wanted["VLLM_CPU_OMP_THREADS_BIND"] = binding
     return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def thread_binding(given: Mapping[str, Any], cores: list[int]) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND giving this host's engines all of ``cores``, or None (vLLM decides).
+
+    With data parallelism each engine is a process with its own worker, and vLLM takes one core
+    list per local engine, ``|``-separated, in local-rank order (vllm/utils/ompmultiprocessing.py).
+    Its automatic binding shares NUMA nodes out between the workers of one engine only, so every
+    engine on a one-node host takes the same cores (on 2 cores: all on core 0, core 1 reserved for
+    the API). Here the cores are split evenly between the engines this host runs
+    (``--data-parallel-size-local``, else ``--data-parallel-size``): on 2 cores, data parallel 2 is
+    ``0|1``. Left to vLLM: tensor or pipeline parallelism (a list per worker within an engine), more
+    than ALL_CORES_UP_TO cores (its reserved core matters less there), more engines than cores.
+    """
+    if any(given.get(name) not in (None, 1) for name in WORKER_PARALLEL_SIZE_ARGS):
+        return None
+    engines = given.get("data_parallel_size_local") or given.get("data_parallel_size") or 1
+    if len(cores) > ALL_CORES_UP_TO or engines > len(cores):
+        return None
+    share, extra = divmod(len(cores), engines)
+    lists, start = [], 0
+    for engine in range(engines):
+        end = start + share + (engine < extra)
+        lists.append(",".join(map(str, cores[start:end])))
+        start = end
+    return "|".join(lists)
 
 
 # ---- served name ---------------------------------------------------------------------------------

