@@ -121,21 +121,25 @@ def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
     result = {"duration": 2.5, "words": [{}, {}], "language": "en"}
     batch.write_atomically(tmp_path / "a.json", json.dumps(result))
     batch.write_atomically(tmp_path / "b.json", json.dumps({"duration": 1.0, "words": []}))
+    batch.write_atomically(tmp_path / "e.json", json.dumps({"duration": 4.0, "words": [{}]}))
     (tmp_path / "summary.jsonl").write_text(
-        json.dumps({"id": "b", "status": "ok", "run": "r0"}) + "\n" + '{"id": "a", "sta'  # killed mid-row
+        json.dumps({"id": "e", "status": "error", "run": "r0"}) + "\n"  # failed once, done since
+        + json.dumps({"id": "b", "status": "ok", "run": "r0"}) + "\n" + '{"id": "a", "sta'  # killed mid-row
     )
     rows = batch.read_summary(tmp_path / "summary.jsonl")
-    recovered = batch.recover_rows(tmp_path, {"a", "b"}, rows)
+    recovered = batch.recover_rows(tmp_path, {"a", "b", "e"}, rows)
     assert [(r["id"], r["audio_seconds"], r["words"], r["recovered"]) for r in recovered] == [
-        ("a", 2.5, 2, True)
+        ("a", 2.5, 2, True), ("e", 4.0, 1, True)
     ]
+    recovered = recovered[:1]
     with batch.Summary(tmp_path, "r1") as summary:
         for row in recovered:
             summary.append(row)
         summary.append({"id": "c", "status": "error", "error": "AudioError: no such file"})
     rows = batch.read_summary(tmp_path / "summary.jsonl")
-    assert [(r["id"], r["status"], r["run"]) for r in rows] == [("b", "ok", "r0"), ("a", "ok", "r1"),
-                                                              ("c", "error", "r1")]
+    assert [(r["id"], r["status"], r["run"]) for r in rows] == [
+        ("e", "error", "r0"), ("b", "ok", "r0"), ("a", "ok", "r1"), ("c", "error", "r1")
+    ]
     assert batch.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
 
 
