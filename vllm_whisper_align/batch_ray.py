@@ -83,7 +83,8 @@ class JobReport:
     started_at: float = 0.0  # time.time() when the run began
     ray_ready_at: float | None = None  # Ray started or connected
     replica_ready_at: float | None = None  # the first replica's engine ready
-    finished_at: float | None = None
+    last_row_at: float | None = None  # the last item's row back
+    finished_at: float | None = None  # Ray stopped
 
     @property
     def exit_status(self) -> int:
@@ -145,6 +146,7 @@ def run_job(
                     continue  # done by an earlier attempt of this batch
                 summary.append(row)
                 progress.add(row)
+                report.last_row_at = time.time()
         finally:
             ray.shutdown()  # stops a local Ray; from a cluster, only disconnects
         progress.show()
