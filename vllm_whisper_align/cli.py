@@ -29,6 +29,8 @@ DEFAULT_FORMAT = "verbose_json"
 ENGINE_COMMANDS = ("transcribe", "align", "batch")
 # vLLM's handler writes to stdout by default, where the results go.
 LOG_STREAM = "ext://sys.stderr"
+# A Ray error can carry a whole remote traceback: its one-line form is cut to this.
+MAX_ERROR_CHARS = 400
 # Environment variables that say the user set up vLLM's logging: then the CLI does not quieten it.
 USER_LOGGING_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")
 
@@ -341,11 +343,17 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     items = read_manifest(args.manifest)
     require_ray()
     options = JobOptions(str(args.output_dir.absolute()), args.language, args.alignment_method)
-    report = run_job(
-        items, args.output_dir, model=args.model, engine_args=engine_args, options=options,
-        ray_address=args.ray_address, replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
-        gpus_per_replica=args.gpus_per_replica, batch_size=args.batch_size, verbose=args.verbose,
-    )
+    try:
+        report = run_job(
+            items, args.output_dir, model=args.model, engine_args=engine_args, options=options,
+            ray_address=args.ray_address, replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+            gpus_per_replica=args.gpus_per_replica, batch_size=args.batch_size, verbose=args.verbose,
+        )
+    except (ValueError, OSError):
+        raise
+    except Exception as error:  # Ray's (a replica that cannot start, a lost cluster): one line, exit 2
+        message = _one_line(error)
+        raise ValueError(f"the job stopped (rerun it to resume): {message[:MAX_ERROR_CHARS]}") from None
     return report.exit_status
 
 
