@@ -167,5 +167,6 @@ def _start_ray(address: str | None, verbose: bool):
     context.enable_progress_bars = verbose
     context.wait_for_min_actors_s = REPLICA_START_TIMEOUT_S
     if not verbose:
-        logging.getLogger("ray.data").setLevel(logging.ERROR)  # its notes on the disabled progress bars
+        # Its notes (on the disabled progress bars...) and tracebacks: the CLI reports a failure in one line.
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
     return ray

@@ -29,7 +29,7 @@ DEFAULT_FORMAT = "verbose_json"
 ENGINE_COMMANDS = ("transcribe", "align", "batch")
 # vLLM's handler writes to stdout by default, where the results go.
 LOG_STREAM = "ext://sys.stderr"
-# A Ray error can carry a whole remote traceback: its one-line form is cut to this.
+# The one line that reports a Ray error is cut to this.
 MAX_ERROR_CHARS = 400
 # Environment variables that say the user set up vLLM's logging: then the CLI does not quieten it.
 USER_LOGGING_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")
@@ -352,8 +352,10 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     except (ValueError, OSError):
         raise
     except Exception as error:  # Ray's (a replica that cannot start, a lost cluster): one line, exit 2
-        message = _one_line(error)
-        raise ValueError(f"the job stopped (rerun it to resume): {message[:MAX_ERROR_CHARS]}") from None
+        # A Ray error's text is a remote traceback: its last line is the cause
+        lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        message = _one_line(Exception(lines[-1]))[:MAX_ERROR_CHARS]
+        raise ValueError(f"the job stopped (rerun it to resume): {message}") from None
     return report.exit_status
 
 
