@@ -304,10 +304,10 @@ def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
     second = start_cli(*args, mark=uuid.uuid4().hex)
     stdout, stderr = second.communicate(timeout=600)
     assert second.returncode == 0, stderr[-3000:]
-    assert f"{len(before)} done before, {len(ids) - len(before)} to do" in stderr, stderr[-3000:]
     assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{i}.json" for i in ids)
     after = {name: (out / name).stat() for name in before}
     assert {name: (s.st_ino, s.st_mtime_ns) for name, s in after.items()} == before  # untouched
+    assert f"{len(before)} done before, {len(ids) - len(before)} to do" in stderr, stderr[-3000:]
     rows = batch.read_summary(out / "summary.jsonl")
     runs = list(dict.fromkeys(row["run"] for row in rows))
     assert len(runs) <= 2
