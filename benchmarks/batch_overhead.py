@@ -2,7 +2,7 @@ r"""The corpus job (``vllm-whisper-align batch``, Ray Data, 1 replica) against t
 manifest: throughput, Ray's overhead, and the memory of a replica. Needs the ``batch`` extra (Ray Data).
 
     .venv/bin/python benchmarks/batch_overhead.py [--audio-dir benchmarks/out/audio] [--repeats 2] \
-        [--rounds 2] [--batch-size 16] [--out benchmarks/out/batch_overhead.json]
+        [--rounds 2] [--batch-size 64] [--out benchmarks/out/batch_overhead.json]
 
 The manifest: every clip of the transcription benchmark (benchmarks/audio.py makes them), ``--repeats``
 times under distinct ids, as files (both sides decode them). Each round runs, in this order:
@@ -164,7 +164,7 @@ def main() -> int:
     parser.add_argument("--audio-dir", type=Path, default=HERE / "out" / "audio")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--out", type=Path, default=HERE / "out" / "batch_overhead.json")
     args = parser.parse_args()
     if not (args.audio_dir / "truth.json").exists():
