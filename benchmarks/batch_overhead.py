@@ -8,7 +8,8 @@ The manifest: every clip of the transcription benchmark (benchmarks/audio.py mak
 times under distinct ids, as files (both sides decode them). Each round runs, in this order:
 
 1. offline: ``WhisperAligner.transcribe(paths, word_timestamps=True)``, every clip in one call, on an
-   engine started once before the rounds (after a one-clip warm-up);
+   engine started once before the rounds (after a one-clip warm-up); then, as separate rounds, the same
+   in calls of ``--batch-size`` items one after another (the job's shape without Ray);
 2. batch: ``batch_ray.run_job`` into a fresh output directory, as the CLI runs it: a local Ray starts,
    one replica starts its engine, the items go through ``map_batches`` in batches of ``--batch-size``,
    each result is written to ``<id>.json`` and its row to ``summary.jsonl``, Ray stops.
@@ -104,7 +105,7 @@ def corpus(audio_dir: Path, repeats: int) -> list:
             for k in range(repeats) for clip_id in sorted(truth)]
 
 
-def offline_rounds(items, rounds: int) -> dict:
+def offline_rounds(items, rounds: int, batch_size: int) -> dict:
     from vllm_whisper_align.offline import WhisperAligner
 
     paths = [item.audio for item in items]
@@ -120,9 +121,16 @@ def offline_rounds(items, rounds: int) -> dict:
             walls.append(time.perf_counter() - started)
             words = sum(len(r["words"]) for r in results)
             log(f"offline round {round_ + 1}: {walls[-1]:.1f} s, {words} words")
+        chunked = []  # the job's shape without Ray: one call per batch, one after another
+        for round_ in range(rounds):
+            started = time.perf_counter()
+            for start in range(0, len(paths), batch_size):
+                aligner.transcribe(paths[start : start + batch_size], word_timestamps=True)
+            chunked.append(time.perf_counter() - started)
+            log(f"offline in calls of {batch_size}, round {round_ + 1}: {chunked[-1]:.1f} s")
         aligner.close()
     return {"engine_start_s": round(startup_s, 1), "walls_s": [round(w, 2) for w in walls],
-            "peak_pss_mib": round(memory.peak)}
+            "chunked_walls_s": [round(w, 2) for w in chunked], "peak_pss_mib": round(memory.peak)}
 
 
 def batch_rounds(items, rounds: int, batch_size: int) -> dict:
@@ -165,6 +173,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--offline-only", action="store_true",
+                        help="only the offline passes (whole, and in calls of --batch-size)")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "batch_overhead.json")
     args = parser.parse_args()
     if not (args.audio_dir / "truth.json").exists():
@@ -175,18 +185,26 @@ def main() -> int:
     items = corpus(args.audio_dir, args.repeats)
     audio_s = sum(len(decode_audio(item.audio)) for item in items) / 16000
     log(f"{len(items)} items, {audio_s:.0f} s of audio")
-    offline = offline_rounds(items, args.rounds)
-    ray_job = batch_rounds(items, args.rounds, args.batch_size)
+    offline = offline_rounds(items, args.rounds, args.batch_size)
+    if args.offline_only:
+        ray_job = {"processing_walls_s": [float("nan")], "job_walls_s": [float("nan")],
+                   "replica_peak_pss_mib": [None]}
+    else:
+        ray_job = batch_rounds(items, args.rounds, args.batch_size)
     offline_speed = audio_s / statistics.median(offline["walls_s"])
+    chunked_speed = audio_s / statistics.median(offline["chunked_walls_s"])
     batch_speed = audio_s / statistics.median(ray_job["processing_walls_s"])
     job_speed = audio_s / statistics.median(ray_job["job_walls_s"])
     summary = {
         "items": len(items), "audio_s": round(audio_s, 1), "batch_size": args.batch_size,
         "engine_args": ENGINE_ARGS, "rounds": args.rounds,
-        "offline_audio_s_per_s": round(offline_speed, 2), "batch_audio_s_per_s": round(batch_speed, 2),
+        "offline_audio_s_per_s": round(offline_speed, 2),
+        "offline_in_calls_of_batch_size_audio_s_per_s": round(chunked_speed, 2),
+        "batch_audio_s_per_s": round(batch_speed, 2),
         "batch_whole_job_audio_s_per_s": round(job_speed, 2),
         "ray_overhead_pct": round(100 * (1 - batch_speed / offline_speed), 1),
-        "replica_peak_pss_mib": max(ray_job["replica_peak_pss_mib"]),
+        "replica_peak_pss_mib": ray_job["replica_peak_pss_mib"][0] if args.offline_only
+        else max(ray_job["replica_peak_pss_mib"]),
         "offline_peak_pss_mib": offline["peak_pss_mib"],
         "offline": offline, "batch": ray_job,
     }
