@@ -332,6 +332,23 @@ def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
     return rows, raws
 
 
+# Sections of RESULTS.md that other scripts write (benchmarks/batch_overhead.py): kept as they are when
+# this report is written again.
+KEPT_SECTIONS = ("## Corpus job on Ray",)
+
+
+def kept_sections(path: Path) -> str:
+    if not path.exists():
+        return ""
+    kept, keeping = [], False
+    for line in path.read_text().splitlines(keepends=True):
+        if line.startswith("## "):
+            keeping = line.rstrip() in KEPT_SECTIONS
+        if keeping:
+            kept.append(line)
+    return ("\n" + "".join(kept)) if kept else ""
+
+
 def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, command: str,
                  quick: bool) -> dict:
     rows, raws, errors = build_rows(out, truth)
@@ -367,7 +384,8 @@ def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, co
     (report_dir / "results.json").write_text(json.dumps(result, indent=1))
     (out / "errors.json").write_text(json.dumps(errors))
     plot_ok = make_plot(report_dir / "results.json", out / "errors.json", report_dir / "throughput.png")
-    (report_dir / "RESULTS.md").write_text(results_markdown(result, plot_ok, quick))
+    kept = kept_sections(report_dir / "RESULTS.md")
+    (report_dir / "RESULTS.md").write_text(results_markdown(result, plot_ok, quick) + kept)
     log(f"report: {report_dir / 'results.json'}, {report_dir / 'RESULTS.md'}"
         + (f", {report_dir / 'throughput.png'}" if plot_ok else " (no plot)"))
     return result

@@ -1,4 +1,4 @@
-"""``vllm-whisper-align transcribe | align | serve | convert-ct2``.
+"""``vllm-whisper-align transcribe | align | batch | serve | convert-ct2``.
 
 Options this CLI does not know (``--dtype``, ``--max-num-seqs``, ``--enforce-eager``…) go to vLLM's
 own engine-argument parser, so every engine setting works as it does for ``vllm serve``.
@@ -26,9 +26,11 @@ from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, ALIGNMENT_METHOD
 # What transcribe and align write unless --format says otherwise (align --subtitles: the file's format).
 DEFAULT_FORMAT = "verbose_json"
 # The commands that run an engine here, whose logging the CLI sets up.
-ENGINE_COMMANDS = ("transcribe", "align")
+ENGINE_COMMANDS = ("transcribe", "align", "batch")
 # vLLM's handler writes to stdout by default, where the results go.
 LOG_STREAM = "ext://sys.stderr"
+# The one line that reports a Ray error is cut to this.
+MAX_ERROR_CHARS = 400
 # Environment variables that say the user set up vLLM's logging: then the CLI does not quieten it.
 USER_LOGGING_SETTINGS = ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING")
 
@@ -54,6 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--subtitles", type=Path, help="SRT or WebVTT file of AUDIO to re-time: every cue "
                         "keeps its number and text and gets new times (written in its format by default)")
     _add_common(align)
+
+    batch = commands.add_parser(
+        "batch", help="a corpus job on Ray: every item of a manifest to OUTPUT_DIR/<id>.json, resumable"
+    )
+    batch.add_argument("--manifest", type=Path, required=True, help='JSON lines: {"id": ID, "audio": PATH '
+                       'or URI} and optionally "text" (forced alignment) and "language"')
+    batch.add_argument("--output-dir", type=Path, required=True,
+                       help="<id>.json per item and summary.jsonl; ids done there are skipped")
+    batch.add_argument("--ray-address", default=None, help="a Ray cluster (default: start a local Ray)")
+    batch.add_argument("--replicas", type=int, default=1, help="engines, one per Ray actor (default 1)")
+    batch.add_argument("--cpus-per-replica", type=float, default=1.0,
+                       help="Ray CPUs each replica reserves (default 1; the engine's threads are bound "
+                            "by its own settings)")
+    batch.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica reserves "
+                       "(default 0; 1 on a GPU cluster)")
+    batch.add_argument("--batch-size", type=int, default=64, help="items a replica takes at a time, in "
+                       "one engine call: more than --max-num-seqs keeps the engine full (default 64)")
+    batch.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
+    batch.add_argument("--language", default=None, help="for items without one (default: detect)")
+    batch.add_argument("--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD)
+    batch.add_argument("--verbose", action="store_true", help="Ray's and vLLM's logs and progress bars")
 
     serve = commands.add_parser("serve", help="start vLLM's OpenAI server with word timestamps")
     serve.add_argument("model", nargs="?", default=None, help="model (default: bundled tiny.en)")
@@ -138,6 +161,8 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     engine_args = _engine_args(engine_argv)
     # The checkpoint-loading progress bar is vLLM's too.
     engine_args.setdefault("use_tqdm_on_load", args.verbose)
+    if args.command == "batch":
+        return _batch(args, engine_args)
     if args.command == "align" and args.subtitles is not None:
         return _retime(args, engine_args)
     args.format = args.format or DEFAULT_FORMAT
@@ -310,6 +335,33 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
         raise ValueError("align needs an AUDIO file (or --manifest)")
     text = args.text if args.text is not None else args.text_file.read_text()
     return [(args.audio, text)]
+
+
+def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
+    """``batch``: the manifest is checked and Ray looked for before anything starts (see ``batch``)."""
+    from vllm_whisper_align.batch import JobOptions, read_manifest
+    from vllm_whisper_align.batch_ray import require_ray, run_job
+
+    for name in ("replicas", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    items = read_manifest(args.manifest)
+    require_ray()
+    options = JobOptions(str(args.output_dir.absolute()), args.language, args.alignment_method)
+    try:
+        report = run_job(
+            items, args.output_dir, model=args.model, engine_args=engine_args, options=options,
+            ray_address=args.ray_address, replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+            gpus_per_replica=args.gpus_per_replica, batch_size=args.batch_size, verbose=args.verbose,
+        )
+    except (ValueError, OSError):
+        raise
+    except Exception as error:  # Ray's (a replica that cannot start, a lost cluster): one line, exit 2
+        # A Ray error's text is a remote traceback: its last line is the cause
+        lines = [line for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        message = _one_line(Exception(lines[-1]))[:MAX_ERROR_CHARS]
+        raise ValueError(f"the job stopped (rerun it to resume): {message}") from None
+    return report.exit_status
 
 
 def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:

@@ -1,0 +1,319 @@
+"""The corpus job (``vllm-whisper-align batch``): the bookkeeping without an engine, then the job end to end
+on a real local Ray with real engines, killed halfway and run again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from speech import sentence_clips, start_errors, write_wav
+from vllm_whisper_align import batch
+from vllm_whisper_align.batch import Item, JobOptions, ManifestError
+
+ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]
+# The environment variable that marks every process one CLI run starts (Ray's, the engine's), so the
+# test can wait for all of them to be gone.
+MARK = "VWA_BATCH_TEST_RUN"
+
+
+def write_manifest(path: Path, entries: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    return path
+
+
+# ---- the manifest ------------------------------------------------------------------------------
+
+
+def test_manifest_items_and_paths(tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", [
+        {"id": "a", "audio": "clips/a.wav"},
+        {"id": 7, "audio": "/abs/b.flac", "language": "de", "duration": 3.0},
+        {"id": "c d", "audio": "s3://bucket/c.wav", "text": "hello there"},
+    ])
+    (tmp_path / "m.jsonl").write_text(manifest.read_text() + "\n   \n")  # blank lines are skipped
+    items = batch.read_manifest(manifest)
+    assert items == [
+        Item("a", str(tmp_path / "clips" / "a.wav")),  # relative to the manifest's folder
+        Item("7", "/abs/b.flac", language="de"),
+        Item("c d", "s3://bucket/c.wav", text="hello there"),
+    ]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"audio": "a.wav"}, 'missing "id"'),
+    ({"id": "a"}, 'missing "audio"'),
+    ({"id": "a", "audio": ""}, '"audio"'),
+    ({"id": "../up", "audio": "a.wav"}, "not a file name"),
+    ({"id": "a/b", "audio": "a.wav"}, "not a file name"),
+    ({"id": "..", "audio": "a.wav"}, "starts with '.'"),
+    ({"id": ".hidden", "audio": "a.wav"}, "starts with '.'"),
+    ({"id": "", "audio": "a.wav"}, "empty id"),
+    ({"id": "x" * 300, "audio": "a.wav"}, "longer than"),
+    ({"id": True, "audio": "a.wav"}, '"id" must be'),
+    ({"id": "a", "audio": "a.wav", "text": 5}, '"text" must be'),
+    (["a", "a.wav"], "JSON object"),
+])
+def test_manifest_refuses_bad_lines(tmp_path, entry, message):
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "ok", "audio": "ok.wav"}, entry])
+    with pytest.raises(ManifestError, match=f"m.jsonl:2: .*{message}"):
+        batch.read_manifest(manifest)
+
+
+def test_manifest_refuses_duplicates_bad_json_and_nothing(tmp_path):
+    entries = [{"id": "a", "audio": "1.wav"}, {"id": "a", "audio": "2.wav"}]
+    manifest = write_manifest(tmp_path / "m.jsonl", entries)
+    with pytest.raises(ManifestError, match="m.jsonl:2: duplicate id 'a' .first on line 1"):
+        batch.read_manifest(manifest)
+    (tmp_path / "broken.jsonl").write_text('{"id": "a", "audio": \n')
+    with pytest.raises(ManifestError, match="broken.jsonl:1:"):
+        batch.read_manifest(tmp_path / "broken.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ManifestError, match="no items"):
+        batch.read_manifest(tmp_path / "empty.jsonl")
+
+
+def test_cli_bad_manifest_is_one_line_and_exit_2(tmp_path):
+    """Checked before Ray or an engine starts: fails in a moment, nothing written."""
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "a/b", "audio": "x.wav"}])
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_whisper_align.cli", "batch", "--manifest", str(manifest),
+         "--output-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("vllm-whisper-align")]
+    assert len(errors) == 1 and "m.jsonl:1" in errors[0] and "not a file name" in errors[0], result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_ray_one_line_names_the_extra(tmp_path):
+    manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "a", "audio": "x.wav"}])
+    code = ("import sys; sys.modules['ray'] = None; from vllm_whisper_align import cli; "
+            f"sys.exit(cli.main(['batch', '--manifest', {str(manifest)!r}, '--output-dir', 'out']))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'vllm-whisper-align[batch]'" in result.stderr.splitlines()[-1], result.stderr
+
+
+# ---- done-set, files, summary ------------------------------------------------------------------
+
+
+def test_done_ids_count_whole_result_files_only(tmp_path):
+    items = [Item(name, "x.wav") for name in ("a", "b", "c", "summary")]
+    batch.write_atomically(tmp_path / "a.json", "{}")
+    (tmp_path / ".b.json.k2j3.tmp").write_text("{half")  # what a kill mid-write leaves
+    (tmp_path / "summary.jsonl").write_text("")
+    (tmp_path / "other.json").write_text("{}")  # not in the manifest
+    assert batch.done_ids(tmp_path, items) == {"a"}
+    assert batch.done_ids(tmp_path / "missing", items) == set()
+    assert batch.remove_stale_temporaries(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "other.json", "summary.jsonl"]
+
+
+def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
+    result = {"duration": 2.5, "words": [{}, {}], "language": "en"}
+    batch.write_atomically(tmp_path / "a.json", json.dumps(result))
+    batch.write_atomically(tmp_path / "b.json", json.dumps({"duration": 1.0, "words": []}))
+    batch.write_atomically(tmp_path / "e.json", json.dumps({"duration": 4.0, "words": [{}]}))
+    (tmp_path / "summary.jsonl").write_text(
+        json.dumps({"id": "e", "status": "error", "run": "r0"}) + "\n"  # failed once, done since
+        + json.dumps({"id": "b", "status": "ok", "run": "r0"}) + "\n" + '{"id": "a", "sta'  # killed mid-row
+    )
+    rows = batch.read_summary(tmp_path / "summary.jsonl")
+    recovered = batch.recover_rows(tmp_path, {"a", "b", "e"}, rows)
+    assert [(r["id"], r["audio_seconds"], r["words"], r["recovered"]) for r in recovered] == [
+        ("a", 2.5, 2, True), ("e", 4.0, 1, True)
+    ]
+    recovered = recovered[:1]
+    with batch.Summary(tmp_path, "r1") as summary:
+        for row in recovered:
+            summary.append(row)
+        summary.append({"id": "c", "status": "error", "error": "AudioError: no such file"})
+    rows = batch.read_summary(tmp_path / "summary.jsonl")
+    assert [(r["id"], r["status"], r["run"]) for r in rows] == [
+        ("e", "error", "r0"), ("b", "ok", "r0"), ("a", "ok", "r1"), ("c", "error", "r1")
+    ]
+    assert batch.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
+
+
+class FakeAligner:
+    """Stands in for WhisperAligner in the grouping logic only (the engine's own tests are elsewhere):
+    alignment of a text with "!" fails, as text the model cannot take would."""
+
+    def __init__(self):
+        self.calls = []
+
+    def transcribe(self, samples, language=None, word_timestamps=True, **_):
+        self.calls.append(("transcribe", len(samples), language))
+        return [{"text": "t", "language": language or "en", "words": [{"word": "t"}]} for _ in samples]
+
+    def align(self, samples, texts, language=None, **_):
+        self.calls.append(("align", len(samples), language))
+        if any("!" in text for text in texts):
+            raise ValueError("text does not fit")
+        return [{"text": text, "language": language or "en", "words": text.split()} for text in texts]
+
+
+def test_one_failing_item_does_not_take_its_group(tmp_path):
+    audio = tmp_path / "a.wav"
+    write_wav(audio, sentence_clips()[1].samples[:16000])
+    items = [Item("t1", str(audio)), Item("t2", str(audio), language="fr"),
+             Item("missing", str(tmp_path / "no.wav")),
+             Item("a1", str(audio), text="one two"), Item("a2", str(audio), text="bad!"),
+             Item("a3", str(audio), text="three"), Item("done", str(audio))]
+    (tmp_path / "done.json").write_text("{}")
+    aligner = FakeAligner()
+    rows = batch.process_batch(aligner, items, JobOptions(str(tmp_path), language="en"))
+    assert [(r["id"], r["status"]) for r in rows] == [
+        ("t1", "ok"), ("t2", "ok"), ("missing", "error"), ("a1", "ok"), ("a2", "error"), ("a3", "ok"),
+        ("done", "skipped"),
+    ]
+    assert "no such file" in rows[2]["error"] and "does not fit" in rows[4]["error"]
+    assert rows[3]["words"] == 2 and rows[0]["audio_seconds"] == 1.0 and rows[1]["language"] == "fr"
+    # one call per group, then the failing group item by item
+    assert aligner.calls == [("transcribe", 1, "en"), ("transcribe", 1, "fr"), ("align", 3, "en"),
+                             ("align", 1, "en"), ("align", 1, "en"), ("align", 1, "en")]
+    assert json.loads((tmp_path / "a1.json").read_text())["words"] == ["one", "two"]
+    assert not (tmp_path / "a2.json").exists() and (tmp_path / "done.json").read_text() == "{}"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_audio_from_a_uri(tmp_path):
+    path = tmp_path / "a.wav"
+    write_wav(path, sentence_clips()[1].samples)
+    assert len(batch.read_audio(path.as_uri())) == len(batch.read_audio(str(path)))
+    assert batch.is_uri("s3://b/k") and batch.is_uri("memory://x") and not batch.is_uri("C:/x")
+    with pytest.raises(Exception, match="no.wav"):
+        batch.read_audio((tmp_path / "no.wav").as_uri())
+
+
+# ---- end to end: real Ray, real engines --------------------------------------------------------
+
+
+def start_cli(*args: str, mark: str, **popen) -> subprocess.Popen:
+    env = dict(os.environ, **{MARK: mark})
+    return subprocess.Popen(
+        [sys.executable, "-m", "vllm_whisper_align.cli", "batch", *args, *ENGINE_OPTIONS],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen,
+    )
+
+
+def marked_processes(mark: str) -> list:
+    import psutil
+
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(MARK) == mark:
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_for_no_processes(mark: str, timeout: float = 120.0) -> list:
+    """Waits until no process of the run is left; returns those still there at the timeout."""
+    deadline = time.monotonic() + timeout
+    while (left := marked_processes(mark)) and time.monotonic() < deadline:
+        time.sleep(1)
+    return left
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Clips 1 and 4 transcribed (one of them through a file:// URI), clip 2 aligned to its text, and a
+    file that is not audio; the clips' truth to check the words against."""
+    folder = tmp_path_factory.mktemp("corpus")
+    clips = sentence_clips()
+    for index in (1, 2, 4):
+        write_wav(folder / f"clip{index}.wav", clips[index].samples)
+    (folder / "notes.wav").write_text("not audio " * 100)
+    return folder, clips
+
+
+def assert_words_match(result: dict, clip) -> None:
+    assert (start_errors(clip, result["words"]) <= 0.2).mean() >= 0.75, result["text"]
+
+
+def test_corpus_job_end_to_end(corpus, tmp_path):
+    folder, clips = corpus
+    manifest = write_manifest(folder / "e2e.jsonl", [
+        {"id": "plain", "audio": "clip1.wav"},
+        {"id": "by uri", "audio": (folder / "clip4.wav").as_uri(), "language": "en"},
+        {"id": "aligned", "audio": "clip2.wav", "text": clips[2].text},
+        {"id": "broken", "audio": "notes.wav"},
+    ])
+    out = tmp_path / "out"
+    mark = uuid.uuid4().hex
+    process = start_cli("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "2", mark=mark)
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 1, stderr[-3000:]  # one item failed; the job went on
+    assert stdout == ""
+    assert "4/4 items (3 ok, 1 failed; 0 done before)" in stderr, stderr[-3000:]
+    assert_words_match(json.loads((out / "plain.json").read_text()), clips[1])
+    by_uri = json.loads((out / "by uri.json").read_text())
+    assert_words_match(by_uri, clips[4])
+    assert set(by_uri) >= {"task", "language", "duration", "text", "segments", "words"}  # verbose_json
+    aligned = json.loads((out / "aligned.json").read_text())
+    assert [w["word"].strip() for w in aligned["words"]] == clips[2].text.split()
+    assert all(w["aligned"] for w in aligned["words"])
+    assert sorted(p.name for p in out.iterdir()) == [
+        "aligned.json", "by uri.json", "plain.json", "summary.jsonl"
+    ]
+    rows = {row["id"]: row for row in batch.read_summary(out / "summary.jsonl")}
+    assert {i: r["status"] for i, r in rows.items()} == {"plain": "ok", "by uri": "ok", "aligned": "ok",
+                                                         "broken": "error"}
+    assert "notes.wav" in rows["broken"]["error"] and "AudioError" in rows["broken"]["error"]
+    assert rows["aligned"]["words"] == len(clips[2].words)
+    assert rows["plain"]["audio_seconds"] == pytest.approx(clips[1].duration, abs=1e-3)
+    assert not wait_for_no_processes(mark), "processes of the job outlived it"
+
+
+def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
+    """SIGKILL the job's process group once the first results are written; the rerun does the rest:
+    every id once, the files written before the kill untouched, none processed by both runs."""
+    folder, clips = corpus
+    ids = [f"item{n}" for n in range(8)]
+    sources = ["clip1.wav", "clip4.wav"]  # transcribed well by tiny.en (as in test_cli)
+    manifest = write_manifest(folder / "resume.jsonl", [
+        {"id": item_id, "audio": sources[n % 2]} for n, item_id in enumerate(ids)
+    ])
+    out = tmp_path / "out"
+    args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "1")
+    first_mark = uuid.uuid4().hex
+    first = start_cli(*args, mark=first_mark)
+    deadline = time.monotonic() + 600
+    while not list(out.glob("item*.json")):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no result within 10 minutes"
+        time.sleep(0.1)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate()
+    left = wait_for_no_processes(first_mark)
+    assert not left, f"processes outlived the kill: {[(p.pid, p.name()) for p in left]}"
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("item*.json")}
+    assert 0 < len(before) < len(ids), f"the kill was not halfway: {sorted(before)}"
+
+    second = start_cli(*args, mark=uuid.uuid4().hex)
+    stdout, stderr = second.communicate(timeout=600)
+    assert second.returncode == 0, stderr[-3000:]
+    assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{i}.json" for i in ids)
+    after = {name: (out / name).stat() for name in before}
+    assert {name: (s.st_ino, s.st_mtime_ns) for name, s in after.items()} == before  # untouched
+    assert f"{len(before)} done before, {len(ids) - len(before)} to do" in stderr, stderr[-3000:]
+    rows = batch.read_summary(out / "summary.jsonl")
+    runs = list(dict.fromkeys(row["run"] for row in rows))
+    assert len(runs) <= 2
+    processed_by_second = {row["id"] for row in rows if row["run"] == runs[-1] and not row.get("recovered")}
+    assert processed_by_second == set(ids) - {name.removesuffix(".json") for name in before}
+    ok_rows = [row["id"] for row in rows if row["status"] == "ok"]
+    assert sorted(ok_rows) == sorted(ids), rows  # one ok row per id: read back for a row the kill cut
+    for n, item_id in enumerate(ids):
+        assert_words_match(json.loads((out / f"{item_id}.json").read_text()), clips[(1, 4)[n % 2]])

@@ -1,0 +1,186 @@
+"""The corpus job on Ray Data: a pool of replicas, each holding one engine, fed by ``map_batches``.
+
+Ray is an optional extra (``pip install 'vllm-whisper-align[batch]'``): it is imported when a job runs,
+never when this module is. See ``batch`` for the manifest, the outputs and what a rerun does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from vllm_whisper_align.batch import (
+    STATUS_ERROR, STATUS_OK, Item, JobOptions, Progress, Summary, done_ids, new_run_id, process_batch,
+    read_summary, recover_rows, remove_stale_temporaries,
+)
+
+INSTALL_HINT = "the batch command needs Ray Data: pip install 'vllm-whisper-align[batch]'"
+# Columns of a replica's output (and of the summary, which adds run and time).
+ROW_COLUMNS = ("id", "status", "error", "audio_seconds", "words", "language")
+# A replica's engine starts in about a minute on a small CPU machine, longer for a big model on a
+# loaded node: Ray Data's default wait for its actors is too short for that.
+REPLICA_START_TIMEOUT_S = 3600
+
+
+def require_ray() -> None:
+    """ValueError (one line, with the install command) when Ray Data is not installed."""
+    try:
+        import ray.data  # noqa: F401
+    except ImportError as error:
+        raise ValueError(f"{INSTALL_HINT} ({error})") from None
+
+
+class Replica:
+    """What one Ray actor runs: one engine, and ``process_batch`` on each batch it is fed."""
+
+    def __init__(self, model: str | None, engine_args: dict[str, Any], options: JobOptions):
+        from vllm_whisper_align.offline import WhisperAligner
+
+        _normal_priority()
+        self.options = options
+        self.aligner = WhisperAligner(model, **engine_args)
+        self.ready_at = time.time()
+        backend = self.aligner.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+        if backend == "ray":  # the replica is the unit of parallelism; the engine must not place workers
+            raise RuntimeError("the replica's engine chose Ray as its executor; pass "
+                               "--distributed-executor-backend mp")
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        items = [Item(**row) for row in batch.to_pylist()]
+        rows = process_batch(self.aligner, items, self.options)
+        columns = {name: [row.get(name) for row in rows] for name in ROW_COLUMNS}
+        columns["_ready_at"] = [self.ready_at] * len(rows)
+        return pa.table(columns, schema=_row_schema())
+
+    def __del__(self):
+        aligner = getattr(self, "aligner", None)
+        if aligner is not None:
+            aligner.close()
+
+
+def _normal_priority() -> None:
+    """Ray starts its workers at niceness 15, to keep its own services responsive; the engine this
+    replica starts (its processes inherit the niceness of the thread that spawns them) is the job's whole
+    work, and would otherwise yield the cores to anything else running on the node. Back to 0 where
+    allowed (lowering niceness needs privileges: otherwise left as it is)."""
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    except OSError:
+        pass
+
+
+def _row_schema():
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("status", pa.string()), ("error", pa.string()),
+                      ("audio_seconds", pa.float64()), ("words", pa.int64()), ("language", pa.string()),
+                      ("_ready_at", pa.float64())])
+
+
+@dataclass
+class JobReport:
+    """What a run did, for the caller (exit status) and the benchmark (timings, wall clock)."""
+
+    total: int
+    done_before: int
+    ok: int = 0
+    errors: int = 0
+    audio_seconds: float = 0.0
+    started_at: float = 0.0  # time.time() when the run began
+    ray_ready_at: float | None = None  # Ray started or connected
+    replica_ready_at: float | None = None  # the first replica's engine ready
+    last_row_at: float | None = None  # the last item's row back
+    finished_at: float | None = None  # Ray stopped
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.errors else 0
+
+
+def run_job(
+    items: Sequence[Item],
+    output_dir: Path,
+    *,
+    model: str | None = None,
+    engine_args: dict[str, Any] | None = None,
+    options: JobOptions | None = None,
+    ray_address: str | None = None,
+    replicas: int = 1,
+    cpus_per_replica: float = 1.0,
+    gpus_per_replica: float = 0.0,
+    batch_size: int = 64,
+    verbose: bool = False,
+) -> JobReport:
+    """Run every item of ``items`` not done yet in ``output_dir`` (see ``batch``); progress on stderr.
+
+    Without ``ray_address`` a local Ray starts (and stops at the end) on this machine; with one, the
+    job's replicas run on that cluster, whose nodes must see the audio and ``output_dir`` at the same
+    paths (or the audio as URIs).
+    """
+    report = JobReport(total=len(items), done_before=0, started_at=time.time())
+    output_dir = output_dir.absolute()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(output_dir)
+    done = done_ids(output_dir, items)
+    report.done_before = len(done)
+    todo = [item for item in items if item.id not in done]
+    options = options or JobOptions(str(output_dir))
+    run = new_run_id()
+    with Summary(output_dir, run) as summary:
+        for row in recover_rows(output_dir, done, read_summary(summary.path)):
+            summary.append(row)
+        print(f"batch: run {run}: {len(items)} items, {len(done)} done before, {len(todo)} to do; "
+              f"{replicas} replica(s); results in {output_dir}", file=sys.stderr, flush=True)
+        if not todo:
+            report.finished_at = time.time()
+            return report
+        progress = Progress(len(todo), len(done))
+        ray = _start_ray(ray_address, verbose)
+        report.ray_ready_at = time.time()
+        try:
+            dataset = ray.data.from_items([item.as_row() for item in todo]).map_batches(
+                Replica,
+                fn_constructor_kwargs={"model": model, "engine_args": engine_args or {}, "options": options},
+                batch_size=batch_size, batch_format="pyarrow",
+                compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=cpus_per_replica,
+                num_gpus=gpus_per_replica or None,
+            )
+            for row in dataset.iter_rows():
+                ready = row.pop("_ready_at")
+                report.replica_ready_at = min(report.replica_ready_at or ready, ready)
+                if row["status"] not in (STATUS_OK, STATUS_ERROR):
+                    continue  # done by an earlier attempt of this batch
+                summary.append(row)
+                progress.add(row)
+                report.last_row_at = time.time()
+        finally:
+            ray.shutdown()  # stops a local Ray; from a cluster, only disconnects
+        progress.show()
+    report.ok, report.errors, report.audio_seconds = progress.ok, progress.errors, progress.audio_seconds
+    report.finished_at = time.time()
+    return report
+
+
+def _start_ray(address: str | None, verbose: bool):
+    import ray
+    import ray.data
+
+    ray.init(
+        address=address, include_dashboard=False, log_to_driver=verbose,
+        logging_level=logging.INFO if verbose else logging.WARNING,
+    )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = verbose
+    context.wait_for_min_actors_s = REPLICA_START_TIMEOUT_S
+    if not verbose:
+        # Its notes (on the disabled progress bars...) and tracebacks: the CLI reports a failure in one line.
+        logging.getLogger("ray.data").setLevel(logging.CRITICAL)
+    return ray
