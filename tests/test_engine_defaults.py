@@ -38,10 +38,9 @@ def test_cpu_flags_from_cpuinfo(tmp_path):
 def test_kv_cache_fits_max_num_seqs_full_length_requests():
     # tiny.en: 4 + 12 blocks of 128 tokens (448 decoder tokens, 1500 encoder rows), in 4 decoder
     # layers, K and V of 384 values: 24 MiB per request in float32, 12 MiB in bfloat16.
-    # One request more than max_num_seqs (engine_defaults.KV_SPARE_REQUESTS).
-    assert kv_cache_bytes(TINY, "float32", 32) == 24 * 2**20 * 33
-    assert kv_cache_bytes(TINY, "bfloat16", 32) == 12 * 2**20 * 33
-    assert kv_cache_bytes(TINY, "float32", 1, block_size=16) == (28 + 94) * 16 * 2 * 384 * 4 * 4 * 2
+    assert kv_cache_bytes(TINY, "float32", 32) == 24 * 2**20 * 32 * 1.25
+    assert kv_cache_bytes(TINY, "bfloat16", 32) == 12 * 2**20 * 32 * 1.25
+    assert kv_cache_bytes(TINY, "float32", 1, block_size=16) == (28 + 94) * 16 * 2 * 384 * 4 * 4 * 1.25
 
 
 def test_served_name_is_a_name(tmp_path):

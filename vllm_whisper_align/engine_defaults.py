@@ -39,11 +39,11 @@ ALL_CORES_UP_TO = 4
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # vLLM's CPU backend stores the KV cache in blocks of this many tokens (vllm/platforms/cpu.py).
 CPU_KV_BLOCK_SIZE = 128
-# Requests' worth of blocks over max_num_seqs at full length: the scheduler must be able to admit a
-# new request while the one it replaces still holds its blocks, and vLLM keeps one null block.
-# (Blocks are allocated whole: kv_cache_bytes rounds each context up to blocks.) It was 25% more
-# memory; one request is enough for 32 requests to run at once (tests/test_server.py).
-KV_SPARE_REQUESTS = 1
+# Over what 32 requests need at full length by the count below: blocks are allocated whole, and
+# vLLM's own accounting of an encoder-decoder request asks for more than its two contexts. With this
+# factor vLLM reports "Maximum concurrency ... 32.00x", and tests/test_server.py checks that 32
+# concurrent requests all run at once (sized for 21 requests by this count, only 11 did).
+KV_HEADROOM = 1.25
 # Used when the model's config cannot be read here (vLLM will then report why): vLLM's old default.
 FALLBACK_KV_CACHE_BYTES = 2 * 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -74,7 +74,7 @@ def fast_dtype(on_cpu: bool, flags: frozenset[str]) -> str | None:
 
 
 def kv_cache_bytes(hf_config: Any, dtype: str, max_num_seqs: int, block_size: int = CPU_KV_BLOCK_SIZE) -> int:
-    """KV cache for ``max_num_seqs`` Whisper requests at full length, and KV_SPARE_REQUESTS more.
+    """KV cache for ``max_num_seqs`` Whisper requests at full length, with headroom.
 
     Each request holds, in every decoder layer, K and V for up to ``max_target_positions`` (448)
     decoder tokens and for the ``max_source_positions`` (1500) encoder rows of its cross-attention,
@@ -85,7 +85,7 @@ def kv_cache_bytes(hf_config: Any, dtype: str, max_num_seqs: int, block_size: in
     blocks += math.ceil(hf_config.max_source_positions / block_size)
     per_token = 2 * hf_config.d_model * DTYPE_BYTES[dtype]
     per_request = blocks * block_size * per_token * hf_config.decoder_layers
-    return per_request * (max_num_seqs + KV_SPARE_REQUESTS)
+    return math.ceil(per_request * max_num_seqs * KV_HEADROOM)
 
 
 def _model_dtype(hf_config: Any) -> str:
