@@ -62,6 +62,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Engine settings a server must decide for itself: the offline engine of this test process (the
+# ``aligner`` fixture) sets them in os.environ for its own processes, and a server started later would
+# inherit them as the user's (a one-engine thread binding breaks data parallelism).
+ENGINE_ENVIRONMENT = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def server_environment(env: dict | None = None) -> dict[str, str]:
+    """This process's environment without ENGINE_ENVIRONMENT, then ``env`` (the test's own)."""
+    clean = {name: value for name, value in os.environ.items() if name not in ENGINE_ENVIRONMENT}
+    return {**clean, **(env or {})}
+
+
 @contextlib.contextmanager
 def running_server(model: str | Path, log_dir: Path, served_name: str | None = None, env: dict | None = None,
                    args=()):
@@ -79,10 +91,8 @@ def running_server(model: str | Path, log_dir: Path, served_name: str | None = N
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "32",
         *(["--served-model-name", served_name] if served_name else []), *args,
     ]
-    full_env = dict(os.environ, **(env or {}))
-    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # serve sizes its KV cache itself; a stray value would win
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(env))
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S

@@ -29,9 +29,9 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import SERVER_LOG, _free_port, running_server
+from conftest import SERVER_LOG, _free_port, running_server, server_environment
 from speech import long_clip
-from test_server import distinct_clips, engine_counts, wav_bytes
+from test_server import disconnect_mid_request, distinct_clips, engine_counts, wav_bytes
 
 CLIPS = 16  # each sent twice in the burst: transcribed, and aligned to its text
 WORD_START_TOLERANCE_S = 0.02
@@ -52,10 +52,8 @@ def headless_engine(model: Path, log_path: Path, args: list[str], env: dict[str,
         str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model), "--headless",
         "--dtype", "float32", "--max-num-seqs", "32", *args,
     ]
-    full_env = dict(os.environ, **env)
-    full_env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(env))
     try:
         yield process
     finally:
@@ -168,23 +166,7 @@ def test_disconnect_frees_the_capture_on_the_engine_that_held_it(layout):
     base, log = layout.base, layout.log
     audio = wav_bytes(long_clip(110.0))
     aborts_before = log.read_text().count("the client went away")
-
-    async def post_then_disconnect() -> None:
-        async with httpx.AsyncClient(timeout=600) as http:
-            request = asyncio.ensure_future(http.post(
-                f"{base}/v1/audio/transcriptions", files={"file": ("long.wav", audio, "audio/wav")},
-                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-            ))
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # until the windows are in the engines
-                counts = await asyncio.to_thread(engine_counts, base)
-                if counts["running"] + counts["waiting"] > 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert not request.done(), "the request finished before the client could leave"
-            request.cancel()  # closes the connection
-
-    asyncio.run(post_then_disconnect())
+    disconnect_mid_request(base, audio)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         counts, held = engine_counts(base), held_stats(base)

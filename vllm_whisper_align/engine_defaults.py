@@ -39,10 +39,10 @@ ALL_CORES_UP_TO = 4
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # vLLM's CPU backend stores the KV cache in blocks of this many tokens (vllm/platforms/cpu.py).
 CPU_KV_BLOCK_SIZE = 128
-# Over what 32 requests need at full length by the count below: blocks are allocated whole, and
-# vLLM's own accounting of an encoder-decoder request asks for more than its two contexts. With this
-# factor vLLM reports "Maximum concurrency ... 32.00x", and tests/test_server.py checks that 32
-# concurrent requests all run at once (sized for 21 requests by this count, only 11 did).
+# Over what 32 requests need at full length by the count below. vLLM counts a request's
+# cross-attention by its encoder budget (max_num_batched_tokens, 2048 on CPU: 16 blocks), not the
+# 1500 rows it holds (12): 20 blocks a request against 16 here, this factor. With it vLLM reports
+# "Maximum concurrency for 448 tokens per request: 32.00x" (tests/test_server.py checks it).
 KV_HEADROOM = 1.25
 # Used when the model's config cannot be read here (vLLM will then report why): vLLM's old default.
 FALLBACK_KV_CACHE_BYTES = 2 * 2**30
