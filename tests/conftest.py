@@ -109,8 +109,13 @@ def running_server(model: str | Path, log_dir: Path, served_name: str | None = N
             time.sleep(2)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()

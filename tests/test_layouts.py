@@ -29,7 +29,7 @@ import httpx
 import numpy as np
 import pytest
 
-from conftest import SERVER_LOG, _free_port, running_server, server_environment
+from conftest import SERVER_LOG, _free_port, running_server, server_environment, stop_process
 from speech import long_clip
 from test_server import disconnect_mid_request, distinct_clips, engine_counts, wav_bytes
 
@@ -57,11 +57,7 @@ def headless_engine(model: Path, log_path: Path, args: list[str], env: dict[str,
     try:
         yield process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_process(process)
 
 
 @dataclass(frozen=True)
