@@ -49,9 +49,11 @@ MAX_TEMPERATURE = 1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 LOGPROB_THRESHOLD = -1.0
 NO_SPEECH_THRESHOLD = 0.6
-# Candidates sampled per window at a temperature above 0, the best of which is kept (openai-whisper's
-# CLI and faster-whisper: --best_of 5).
-BEST_OF = 5
+# Candidates sampled per window at a temperature above 0, the likeliest kept. One by default, as
+# openai-whisper's transcribe() (its CLI and faster-whisper sample 5): on the benchmark clips, 5 took
+# the default server from 24.3 to 14.5 audio-s per wall-s (benchmarks/RESULTS.md); --best-of 5 is
+# the CLI's behaviour.
+BEST_OF = 1
 MAX_BEST_OF = 20
 # Seed of a window's first sampled candidate when the caller gives none (see _at_temperature).
 FALLBACK_SEED = 0

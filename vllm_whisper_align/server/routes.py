@@ -341,8 +341,8 @@ async def create_transcription(raw_request: Request):
     temperature when its ``compression_ratio`` is over ``compression_ratio_threshold`` (2.4) or its
     ``avg_logprob`` under ``logprob_threshold`` (-1.0), and dropped as silence when its
     ``no_speech_prob`` is over ``no_speech_threshold`` (0.6) and its ``avg_logprob`` under
-    ``logprob_threshold``. Above temperature 0 each window samples ``best_of`` (5) candidates and
-    keeps the likeliest. These form fields are extensions named as openai-whisper's arguments;
+    ``logprob_threshold``. Above temperature 0 each window samples ``best_of`` (default 1)
+    candidates and keeps the likeliest. These form fields are extensions named as openai-whisper's arguments;
     ``none`` turns a threshold off.
     """
     return await _answer(raw_request, _speech_to_text, task="transcribe")
