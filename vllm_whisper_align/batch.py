@@ -250,17 +250,21 @@ def process_batch(aligner, items: Sequence[Item], options: JobOptions) -> list[d
 
 
 def _transcribing(aligner, language: str | None, options: JobOptions) -> Callable[[list], list]:
-    extra = {"alignment_method": options.alignment_method} if options.alignment_method else {}
     return lambda group: aligner.transcribe(
-        [samples for _, samples in group], language=language, word_timestamps=True, **extra
+        [samples for _, samples in group], language=language, word_timestamps=True, **_method(options)
     )
 
 
 def _aligning(aligner, language: str | None, options: JobOptions) -> Callable[[list], list]:
-    extra = {"alignment_method": options.alignment_method} if options.alignment_method else {}
     return lambda group: aligner.align(
-        [samples for _, samples in group], [item.text for item, _ in group], language=language, **extra
+        [samples for _, samples in group], [item.text for item, _ in group], language=language,
+        **_method(options),
     )
+
+
+def _method(options: JobOptions) -> dict[str, str]:
+    """The job's alignment_method, where it sets one (else the aligner's default)."""
+    return {"alignment_method": options.alignment_method} if options.alignment_method else {}
 
 
 def _try(run: Callable[[list], list], group: list) -> list | Exception:

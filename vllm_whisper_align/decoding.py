@@ -343,13 +343,15 @@ def _candidate(
 ) -> WindowRequest:
     alignment = window.alignment and replace(window.alignment, key=new_alignment_key())
     # no_speech_prob is read at the first step, which every candidate shares: the primary reads it.
-    no_speech = window.no_speech and primary and replace(window.no_speech, key=new_alignment_key())
+    no_speech = None
+    if window.no_speech is not None and primary:
+        no_speech = replace(window.no_speech, key=new_alignment_key())
     options = window.sampling_options if seed is None else {**window.sampling_options, "seed": seed}
     sampling_params = transcription_sampling(
         options, window.suppress_tokens, window.max_text_tokens,
-        len(window.prompt_token_ids), alignment, no_speech or None, temperature,
+        len(window.prompt_token_ids), alignment, no_speech, temperature,
     )
-    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech or None,
+    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech,
                    attempt=attempt, siblings=())
 
 

@@ -18,12 +18,12 @@ from typing import Any
 from vllm_whisper_align.audio import N_FRAMES
 
 EXTRA_ARGS_KEY = "whisper_align"
+NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
 
 # Width of the median filter along frames (openai-whisper's find_alignment default). Here rather than
 # in timing.py, which uses it, so that the engine's processes, which import this module, do not
 # import numba: timing's kernels run on the API side only.
 MEDFILT_WIDTH = 7
-NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
 
 # How word times are read from the captured heads: "auto" picks, per window, the heads whose
 # attention is sharpest (timing.select_heads) and refines starts to audio onsets; "fixed" is
