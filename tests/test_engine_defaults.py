@@ -11,7 +11,8 @@ import pytest
 
 from vllm_whisper_align import cli, engine_defaults
 from vllm_whisper_align.engine_defaults import (
-    cpu_flags, engine_environment, fast_dtype, kv_cache_bytes, served_model_name, thread_binding,
+    cpu_flags, encoder_token_budget, engine_environment, fast_dtype, kv_cache_bytes, served_model_name,
+    thread_binding,
 )
 from vllm_whisper_align.offline import default_engine_args
 
@@ -38,9 +39,15 @@ def test_cpu_flags_from_cpuinfo(tmp_path):
 def test_kv_cache_fits_max_num_seqs_full_length_requests():
     # tiny.en: 4 + 12 blocks of 128 tokens (448 decoder tokens, 1500 encoder rows), in 4 decoder
     # layers, K and V of 384 values: 24 MiB per request in float32, 12 MiB in bfloat16.
-    assert kv_cache_bytes(TINY, "float32", 32) == 24 * 2**20 * 32 * 1.25
-    assert kv_cache_bytes(TINY, "bfloat16", 32) == 12 * 2**20 * 32 * 1.25
-    assert kv_cache_bytes(TINY, "float32", 1, block_size=16) == (28 + 94) * 16 * 2 * 384 * 4 * 4 * 1.25
+    assert kv_cache_bytes(TINY, "float32", 32) == 24 * 2**20 * 32
+    assert kv_cache_bytes(TINY, "bfloat16", 32) == 12 * 2**20 * 32
+    assert kv_cache_bytes(TINY, "float32", 1, block_size=16) == (28 + 94) * 16 * 2 * 384 * 4 * 4
+
+
+def test_step_budget_is_one_encoder_output_in_whole_blocks():
+    # vLLM counts a request's cross-attention by this budget: 12 blocks, as many as 1500 rows take.
+    assert encoder_token_budget(TINY) == 1536
+    assert encoder_token_budget(TINY, block_size=16) == 1504
 
 
 def test_served_name_is_a_name(tmp_path):
@@ -92,6 +99,8 @@ def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monk
     given = default_engine_args(str(model_dir), dtype="float16", kv_cache_memory_bytes=10**9, max_num_seqs=4)
     assert (given["dtype"], given["kv_cache_memory_bytes"], given["max_num_seqs"]) == ("float16", 10**9, 4)
     assert args["mm_processor_cache_gb"] == 0
+    assert args["max_num_batched_tokens"] == 1536
+    assert default_engine_args(str(model_dir), max_num_batched_tokens=4096)["max_num_batched_tokens"] == 4096
 
 
 def test_user_kv_space_variable_wins(model_dir, monkeypatch):
@@ -99,20 +108,22 @@ def test_user_kv_space_variable_wins(model_dir, monkeypatch):
     assert "kv_cache_memory_bytes" not in default_engine_args(str(model_dir))
 
 
-USER_SERVE_ARGV = ["--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1"]
+USER_SERVE_ARGV = ["--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1", "--no-enforce-eager"]
 
 
 @pytest.mark.parametrize("argv", [[], USER_SERVE_ARGV])
 def test_serve_passes_only_what_the_user_did_not(model_dir, argv, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # the user's KV setting would win
     flags, env = cli._serve_defaults(None, str(model_dir), argv)
-    options = dict(zip(flags[::2], flags[1::2], strict=True))
+    options = vars(cli._engine_parser().parse_args(flags))  # the flags parse as vLLM's own
     if argv:
-        assert "--dtype" not in options and "--served-model-name" not in options
+        assert not {"--dtype", "--served-model-name", "--enforce-eager", "--no-enforce-eager"} & set(flags)
     else:
-        assert options["--dtype"] == fast_dtype(True, cpu_flags())
-        assert options["--served-model-name"] == "whisper-tiny.en"
-    assert int(options["--kv-cache-memory-bytes"]) > 0
+        assert options["dtype"] == fast_dtype(True, cpu_flags())
+        assert options["served_model_name"] == ["whisper-tiny.en"]
+        assert options["enforce_eager"] is True
+    assert options["kv_cache_memory_bytes"] > 0
+    assert options["max_num_batched_tokens"] == 1536
     assert env.get("VLLM_WORKER_MULTIPROC_METHOD", os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")) == "spawn"
 
 

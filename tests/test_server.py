@@ -185,6 +185,40 @@ def test_kv_cache_holds_32_full_length_requests(server, server_log_dir):
     assert int(found[1]) == 448 and float(found[2]) >= 32, found[0]
 
 
+def server_processes(server: str) -> list:
+    """The server's process tree: the API server started for ``server``'s port and its children."""
+    import psutil
+
+    port = str(httpx.URL(server).port)
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "vllm_whisper_align.server.launch" in cmdline and port in cmdline:
+            return [process, *process.children(recursive=True)]
+    pytest.skip("the server was not started here (WHISPER_ALIGN_TEST_SERVER)")
+
+
+def test_server_processes_stay_lean(server, clips):
+    """No process of the server loads Triton (vLLM's CPU build would load it only to disable it: 71 MiB
+    each), and once no request has run for a moment the engines hand freed heap back to the OS."""
+    processes = server_processes(server)
+    names = [" ".join(p.cmdline())[:60] for p in processes]
+    assert any("EngineCore" in name for name in names), names
+    for process, name in zip(processes, names, strict=True):
+        assert "libtriton" not in open(f"/proc/{process.pid}/maps").read(), name
+
+    def heap_returns() -> int:
+        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()["heap_returns"]
+
+    before = heap_returns()
+    response = httpx.post(f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[0]))},
+                          data={"model": SERVED_NAME}, timeout=120)
+    assert response.status_code == 200, response.text
+    deadline = time.monotonic() + 30
+    while heap_returns() == before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert heap_returns() > before
+
+
 def test_long_audio_across_chunk_joins(client):
     clip = long_clip(65.0)
     result = client.audio.transcriptions.create(

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from vllm_whisper_align.formats import RESPONSE_FORMATS
+from vllm_whisper_align.memory import hide_triton_without_cpu_backend
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, ALIGNMENT_METHODS
+
+# Before vLLM is imported, in this process and in the engine processes vLLM spawns from it, which
+# run the main module (the console script, or this one under -m) again first: see memory.
+hide_triton_without_cpu_backend()
 
 # What transcribe and align write unless --format says otherwise (align --subtitles: the file's format).
 DEFAULT_FORMAT = "verbose_json"
@@ -456,7 +461,7 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
     # Our module runs vLLM's own serve command (see vllm_adapter.run_vllm_serve): --headless and
     # --api-server-count work as they do for `vllm serve`.
-    command = [sys.executable, "-m", "vllm_whisper_align.server", "--model", model]
+    command = [sys.executable, "-m", "vllm_whisper_align.server.launch", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
 
@@ -482,7 +487,11 @@ def _serve_defaults(
         settings["served_model_name"] = served_model_name(model_name)
     flags = []
     for name, value in settings.items():
-        flags += ["--" + name.replace("_", "-"), json.dumps(value) if isinstance(value, dict) else str(value)]
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):  # vLLM's boolean options take no value: --enforce-eager, --no-enforce-eager
+            flags.append(f"--{flag}" if value else f"--no-{flag}")
+        else:
+            flags += [f"--{flag}", json.dumps(value) if isinstance(value, dict) else str(value)]
     return flags, engine_environment(given)
 
 

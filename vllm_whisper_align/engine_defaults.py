@@ -7,6 +7,14 @@ Decided here and nowhere else, each only when the user did not set it:
   float32's speed. On GPU the model's own dtype stays.
 - KV cache: on CPU, vLLM reserves a fixed amount up front. It is sized from the model's decoder
   (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``.
+- the token budget of a step (``max_num_batched_tokens``): on CPU, one encoder output (1500 rows)
+  rounded up to whole KV blocks, 1536. vLLM's CPU default, 2048, still ran one 30 s window's encoder
+  a step (two need 3000), but vLLM sizes each request's cross-attention by this budget in its
+  accounting, and the capture buffers by whole windows within it: 2048 cost a quarter more KV cache
+  and twice the capture buffers for nothing.
+- eager execution (``enforce_eager``), on CPU: vLLM's CPU build traces the model with Dynamo but
+  compiles nothing with Inductor here, and served no faster for it (32 clients, 12.0-12.6 s a burst
+  of 32 clips either way) while it took 12 s longer to start and 55 MiB more in the engine core.
 - the multimodal processor cache: off. vLLM keeps up to 4 GiB of processed inputs in the API
   server and as much again in each engine core, to skip re-processing an input it has seen. Audio
   is rarely sent twice, so a serving process grew by one window's features (0.9 MiB) per window
@@ -39,11 +47,6 @@ ALL_CORES_UP_TO = 4
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # vLLM's CPU backend stores the KV cache in blocks of this many tokens (vllm/platforms/cpu.py).
 CPU_KV_BLOCK_SIZE = 128
-# Over what 32 requests need at full length by the count below. vLLM counts a request's
-# cross-attention by its encoder budget (max_num_batched_tokens, 2048 on CPU: 16 blocks), not the
-# 1500 rows it holds (12): 20 blocks a request against 16 here, this factor. With it vLLM reports
-# "Maximum concurrency for 448 tokens per request: 32.00x" (tests/test_server.py checks it).
-KV_HEADROOM = 1.25
 # Used when the model's config cannot be read here (vLLM will then report why): vLLM's old default.
 FALLBACK_KV_CACHE_BYTES = 2 * 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -85,7 +88,18 @@ def kv_cache_bytes(hf_config: Any, dtype: str, max_num_seqs: int, block_size: in
     blocks += math.ceil(hf_config.max_source_positions / block_size)
     per_token = 2 * hf_config.d_model * DTYPE_BYTES[dtype]
     per_request = blocks * block_size * per_token * hf_config.decoder_layers
-    return math.ceil(per_request * max_num_seqs * KV_HEADROOM)
+    return per_request * max_num_seqs
+
+
+def encoder_token_budget(hf_config: Any, block_size: int = CPU_KV_BLOCK_SIZE) -> int:
+    """``max_num_batched_tokens`` for one window's encoder output, in whole KV blocks (1536 for 1500 rows).
+
+    vLLM allocates a request's cross-attention by the rows its encoder gives (12 blocks), but counts
+    it by this budget when it reports how many requests its KV cache holds; rounded to blocks, the
+    two agree, and vLLM's "Maximum concurrency for 448 tokens per request" line reads what
+    :func:`kv_cache_bytes` sized (tests/test_server.py checks 32.00x).
+    """
+    return math.ceil(hf_config.max_source_positions / block_size) * block_size
 
 
 def _model_dtype(hf_config: Any) -> str:
@@ -119,17 +133,22 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
         settings["dtype"] = dtype
     if on_cpu:
         settings["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+        settings["enforce_eager"] = True
         # vLLM lets this variable override the engine argument (a legacy setting), so it wins here too.
+        hf_config = _load_config(model)
+        if hf_config is not None:
+            settings["max_num_batched_tokens"] = encoder_token_budget(
+                hf_config, given.get("block_size") or CPU_KV_BLOCK_SIZE
+            )
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             merged = {**settings, **given}
-            settings["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(model, merged)
+            settings["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, merged)
     chosen = {name: value for name, value in settings.items() if given.get(name) is None}
     _log_choices(chosen, on_cpu)
     return chosen
 
 
-def _cpu_kv_cache_bytes(model: str, args: Mapping[str, Any]) -> int:
-    hf_config = _load_config(model)
+def _cpu_kv_cache_bytes(hf_config: Any | None, args: Mapping[str, Any]) -> int:
     if hf_config is None:
         return FALLBACK_KV_CACHE_BYTES
     dtype = args.get("dtype") or "auto"
@@ -151,6 +170,10 @@ def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
                      f"(sized to the model; --kv-cache-memory-bytes overrides)")
     if "max_num_seqs" in chosen:
         parts.append(f"max_num_seqs {chosen['max_num_seqs']}")
+    if "max_num_batched_tokens" in chosen:
+        parts.append(f"max_num_batched_tokens {chosen['max_num_batched_tokens']} (a window's encoder output)")
+    if chosen.get("enforce_eager"):
+        parts.append("eager (no graph compilation; --no-enforce-eager overrides)")
     if "mm_processor_cache_gb" in chosen:
         parts.append("no multimodal processor cache (--mm-processor-cache-gb overrides)")
     if parts:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-from vllm_whisper_align import vllm_adapter
+from vllm_whisper_align import memory, vllm_adapter
 from vllm_whisper_align.log import get_logger
 
 logger = get_logger(__name__)
@@ -23,6 +22,7 @@ RPC_FETCH = "whisper_align_fetch"
 RPC_DISCARD = "whisper_align_discard"
 RPC_STATS = "whisper_align_stats"
 RPC_NO_SPEECH = "whisper_align_no_speech"
+RPC_RETURN_FREED_HEAP = "whisper_align_return_freed_heap"
 NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 
@@ -35,7 +35,9 @@ def register() -> None:
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(
-        _after_step, {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech}
+        _after_step,
+        {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech,
+         RPC_RETURN_FREED_HEAP: _return_freed_heap},
     )
 
 
@@ -77,4 +79,14 @@ def _discard(self, keys: list[str]) -> int:
 
 
 def _stats(self) -> dict[str, int]:
-    return _require_capture(self).stats()
+    return {**_require_capture(self).stats(), "heap_returns": _heap_returns}
+
+
+# Times this worker process handed freed heap back to the OS (reported by _stats).
+_heap_returns = 0
+
+
+def _return_freed_heap(self) -> bool:
+    global _heap_returns
+    _heap_returns += 1
+    return memory.return_freed_heap()

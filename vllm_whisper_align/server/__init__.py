@@ -1,5 +1,6 @@
 """The endpoint plugin: OpenAI-compatible word timestamps and forced alignment over HTTP.
 
-``plugin`` is what vLLM loads, ``routes`` parses and answers HTTP, ``service`` runs requests on the
-engine and fetches their alignment from the workers.
+``launch`` starts vLLM's server (what ``serve`` execs), ``plugin`` is what vLLM loads, ``routes``
+parses and answers HTTP, ``service`` runs requests on the engine and fetches their alignment from
+the workers.
 """

@@ -280,10 +280,16 @@ async def _answer(raw_request: Request, handler, **kwargs) -> Response:
     """
     try:
         service = _service(raw_request)
-        form = await _form(raw_request)
     except RequestError as error:
         return error_response(error.message, error.param, error.status)
-    return await _cancellable(raw_request=raw_request, handler=handler, service=service, form=form, **kwargs)
+    async with service.request_in_flight():
+        try:
+            form = await _form(raw_request)
+        except RequestError as error:
+            return error_response(error.message, error.param, error.status)
+        return await _cancellable(
+            raw_request=raw_request, handler=handler, service=service, form=form, **kwargs
+        )
 
 
 @with_cancellation

