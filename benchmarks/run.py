@@ -568,7 +568,7 @@ def memory_per_request(rows: list[dict]) -> list[str]:
         return []
     return ["## Memory per concurrent request", "", *lines, "",
             "vLLM reserves its KV cache up front; `serve` sizes it to the model "
-            "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length, with 25% headroom), "
+            "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length), "
             "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
             "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
             "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "
@@ -617,7 +617,8 @@ def memory_after_warm_up(raws: dict) -> list[str]:
         return []
     return ["## Server memory after warm-up", "",
             "Per process of `vllm-whisper-align serve`'s tree after 16 warm-up requests (8 clips with word "
-            "timestamps, 8 without), before the timed passes:", "", *lines, ""]
+            "timestamps, 8 without), once the server has been idle long enough to hand freed heap back "
+            "(`service.IDLE_BEFORE_RETURNING_HEAP_S`), before the timed passes:", "", *lines, ""]
 
 
 def _produced_by(result: dict) -> list[str]:

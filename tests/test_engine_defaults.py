@@ -108,7 +108,9 @@ def test_user_kv_space_variable_wins(model_dir, monkeypatch):
     assert "kv_cache_memory_bytes" not in default_engine_args(str(model_dir))
 
 
-USER_SERVE_ARGV = ["--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1", "--no-enforce-eager"]
+USER_SERVE_ARGV = [
+    "--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1", "--no-enforce-eager",
+]
 
 
 @pytest.mark.parametrize("argv", [[], USER_SERVE_ARGV])

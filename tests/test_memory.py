@@ -23,7 +23,7 @@ def run_python(code: str, **env: str) -> str:
 
 @pytest.mark.skipif(not memory.vllm_is_cpu_build(), reason="only vLLM's CPU build disables Triton")
 def test_vllm_cpu_build_runs_without_loading_triton():
-    """vLLM decides as it does with Triton loaded (disabled: no CPU backend), and libtriton is never mapped."""
+    """vLLM decides as it does with Triton loaded (disabled: no CPU backend); libtriton is never mapped."""
     out = run_python("""
         from vllm_whisper_align.memory import hide_triton_without_cpu_backend
         assert hide_triton_without_cpu_backend()
@@ -31,7 +31,8 @@ def test_vllm_cpu_build_runs_without_loading_triton():
         from vllm.platforms import current_platform
         import torch.utils._triton
         maps = open("/proc/self/maps").read()
-        print(importing.HAS_TRITON, current_platform.is_cpu(), torch.utils._triton.has_triton(), "libtriton" in maps)
+        print(importing.HAS_TRITON, current_platform.is_cpu(), torch.utils._triton.has_triton(),
+              "libtriton" in maps)
     """)
     assert out.splitlines()[-1] == "False True False False"
 
@@ -45,7 +46,8 @@ def test_a_triton_with_a_cpu_backend_stays(tmp_path):
         import sys
         from vllm_whisper_align import memory
         memory.vllm_is_cpu_build = lambda: True
-        print(memory.triton_has_cpu_backend(), memory.hide_triton_without_cpu_backend(), sys.modules.get("triton", 0))
+        hidden = memory.hide_triton_without_cpu_backend()
+        print(memory.triton_has_cpu_backend(), hidden, sys.modules.get("triton", 0))
     """, PYTHONPATH=f"{tmp_path}:{':'.join(sys.path)}")
     assert out == "True False 0"
 

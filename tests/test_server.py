@@ -9,6 +9,7 @@ import os
 import re
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -204,7 +205,7 @@ def test_server_processes_stay_lean(server, clips):
     names = [" ".join(p.cmdline())[:60] for p in processes]
     assert any("EngineCore" in name for name in names), names
     for process, name in zip(processes, names, strict=True):
-        assert "libtriton" not in open(f"/proc/{process.pid}/maps").read(), name
+        assert "libtriton" not in Path(f"/proc/{process.pid}/maps").read_text(), name
 
     def heap_returns() -> int:
         return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()["heap_returns"]

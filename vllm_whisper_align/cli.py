@@ -488,7 +488,7 @@ def _serve_defaults(
     flags = []
     for name, value in settings.items():
         flag = name.replace("_", "-")
-        if isinstance(value, bool):  # vLLM's boolean options take no value: --enforce-eager, --no-enforce-eager
+        if isinstance(value, bool):  # vLLM's boolean options take no value: --enforce-eager, --no-...
             flags.append(f"--{flag}" if value else f"--no-{flag}")
         else:
             flags += [f"--{flag}", json.dumps(value) if isinstance(value, dict) else str(value)]
