@@ -3,6 +3,7 @@ on a real local Ray with real engines, killed halfway and run again."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -143,25 +144,27 @@ def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
     assert batch.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
 
 
-class FakeAligner:
-    """Stands in for WhisperAligner in the grouping logic only (the engine's own tests are elsewhere):
-    alignment of a text with "!" fails, as text the model cannot take would."""
+class FakeService:
+    """Stands in for the server's AlignmentService in the per-item logic only (the engine's own tests
+    are elsewhere; the job end to end below runs the real one): alignment of a text with "!" fails, as
+    text the model cannot take would."""
 
     def __init__(self):
         self.calls = []
 
-    def transcribe(self, samples, language=None, word_timestamps=True, **_):
-        self.calls.append(("transcribe", len(samples), language))
-        return [{"text": "t", "language": language or "en", "words": [{"word": "t"}]} for _ in samples]
+    async def transcribe(self, samples, *, request_id, language, **_):
+        self.calls.append(("transcribe", request_id.split("-")[1], language))
+        return {"text": "t", "language": language or "en", "words": [{"word": "t"}]}
 
-    def align(self, samples, texts, language=None, **_):
-        self.calls.append(("align", len(samples), language))
-        if any("!" in text for text in texts):
+    async def align(self, samples, *, request_id, text, language, **_):
+        self.calls.append(("align", request_id.split("-")[1], language))
+        await asyncio.sleep(0)  # the others run meanwhile
+        if "!" in text:
             raise ValueError("text does not fit")
-        return [{"text": text, "language": language or "en", "words": text.split()} for text in texts]
+        return {"text": text, "language": language or "en", "words": text.split()}
 
 
-def test_one_failing_item_does_not_take_its_group(tmp_path):
+def test_one_failing_item_fails_alone(tmp_path):
     audio = tmp_path / "a.wav"
     write_wav(audio, sentence_clips()[1].samples[:16000])
     items = [Item("t1", str(audio)), Item("t2", str(audio), language="fr"),
@@ -169,17 +172,17 @@ def test_one_failing_item_does_not_take_its_group(tmp_path):
              Item("a1", str(audio), text="one two"), Item("a2", str(audio), text="bad!"),
              Item("a3", str(audio), text="three"), Item("done", str(audio))]
     (tmp_path / "done.json").write_text("{}")
-    aligner = FakeAligner()
-    rows = batch.process_batch(aligner, items, JobOptions(str(tmp_path), language="en"))
+    service = FakeService()
+    rows = asyncio.run(batch.process_batch(service, items, JobOptions(str(tmp_path), language="en")))
     assert [(r["id"], r["status"]) for r in rows] == [
         ("t1", "ok"), ("t2", "ok"), ("missing", "error"), ("a1", "ok"), ("a2", "error"), ("a3", "ok"),
         ("done", "skipped"),
     ]
     assert "no such file" in rows[2]["error"] and "does not fit" in rows[4]["error"]
     assert rows[3]["words"] == 2 and rows[0]["audio_seconds"] == 1.0 and rows[1]["language"] == "fr"
-    # one call per group, then the failing group item by item
-    assert aligner.calls == [("transcribe", 1, "en"), ("transcribe", 1, "fr"), ("align", 3, "en"),
-                             ("align", 1, "en"), ("align", 1, "en"), ("align", 1, "en")]
+    # one request each, the item's language over the job's; neither the missing file nor the done item
+    assert sorted(service.calls) == [("align", "a1", "en"), ("align", "a2", "en"), ("align", "a3", "en"),
+                                     ("transcribe", "t1", "en"), ("transcribe", "t2", "fr")]
     assert json.loads((tmp_path / "a1.json").read_text())["words"] == ["one", "two"]
     assert not (tmp_path / "a2.json").exists() and (tmp_path / "done.json").read_text() == "{}"
     assert not list(tmp_path.glob(".*.tmp"))

@@ -15,14 +15,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence, TextIO
+from typing import Any, Iterable, Sequence, TextIO
+
+from vllm_whisper_align.audio import SAMPLE_RATE
 
 SUMMARY_NAME = "summary.jsonl"
 RESULT_SUFFIX = ".json"
@@ -214,85 +218,50 @@ class JobOptions:
     alignment_method: str | None = None
 
 
-def process_batch(aligner, items: Sequence[Item], options: JobOptions) -> list[dict[str, Any]]:
-    """Transcribe or align ``items`` with ``aligner`` and write each result; one row per item.
+async def process_batch(service, items: Sequence[Item], options: JobOptions) -> list[dict[str, Any]]:
+    """Transcribe or align ``items`` on ``service`` and write each result; one row per item, in order.
 
-    A failure of one item (a missing or undecodable file, text that cannot be aligned) becomes its
-    error row: nothing raises out of here. Items are run together, grouped by what they ask for
-    (transcription or alignment, and language); a group that fails is retried item by item, so one
-    bad item does not take its neighbours with it. An item whose result file already exists (a batch
-    Ray runs again) is not redone: its row says ``skipped``.
+    ``service`` is the server's ``AlignmentService`` over the replica's engine. Every item is its own
+    requests, all sent at once: they batch with each other and with the items of any other batch in
+    flight on the engine, so the engine stays full from one batch to the next. A failure of one item (a
+    missing or undecodable file, text that cannot be aligned) becomes its error row: nothing raises out
+    of here. An item whose result file already exists (a batch Ray runs again) is not redone: its row
+    says ``skipped``.
     """
     output_dir = Path(options.output_dir)
-    rows: dict[str, dict[str, Any]] = {}
-    decoded = []
-    for item in items:
-        if result_path(output_dir, item.id).exists():
-            rows[item.id] = {"id": item.id, "status": "skipped", "error": None}
-            continue
-        try:
-            decoded.append((item, read_audio(item.audio)))
-        except Exception as error:  # any reader's error: the item fails, the batch goes on
-            rows[item.id] = error_row(item, error)
-    groups: dict[tuple[bool, str | None], list] = {}
-    for item, samples in decoded:
-        language = item.language or options.language
-        groups.setdefault((item.text is not None, language), []).append((item, samples))
-    for (aligning, language), group in groups.items():
-        run = _aligning(aligner, language, options) if aligning else _transcribing(aligner, language, options)
-        outcome = _try(run, group)
-        if isinstance(outcome, Exception) and len(group) > 1:
-            for one in group:  # find the one that failed: the others still get their results
-                rows.update(_finish([one], _try(run, [one]), output_dir))
-        else:
-            rows.update(_finish(group, outcome, output_dir))
-    return [rows[item.id] for item in items]
+    return list(await asyncio.gather(*[_process_item(service, item, options, output_dir) for item in items]))
 
 
-def _transcribing(aligner, language: str | None, options: JobOptions) -> Callable[[list], list]:
-    return lambda group: aligner.transcribe(
-        [samples for _, samples in group], language=language, word_timestamps=True, **_method(options)
-    )
-
-
-def _aligning(aligner, language: str | None, options: JobOptions) -> Callable[[list], list]:
-    return lambda group: aligner.align(
-        [samples for _, samples in group], [item.text for item, _ in group], language=language,
-        **_method(options),
-    )
-
-
-def _method(options: JobOptions) -> dict[str, str]:
-    """The job's alignment_method, where it sets one (else the aligner's default)."""
-    return {"alignment_method": options.alignment_method} if options.alignment_method else {}
-
-
-def _try(run: Callable[[list], list], group: list) -> list | Exception:
+async def _process_item(service, item: Item, options: JobOptions, output_dir: Path) -> dict[str, Any]:
+    if result_path(output_dir, item.id).exists():
+        return {"id": item.id, "status": "skipped", "error": None}
+    language = item.language or options.language
+    method = {"alignment_method": options.alignment_method} if options.alignment_method else {}
+    request_id = f"batch-{item.id}-{uuid.uuid4().hex[:8]}"  # unique if Ray runs the batch again
     try:
-        return run(group)
-    except Exception as error:  # this group's failure, recorded in its rows
-        return error
+        samples = await asyncio.to_thread(read_audio, item.audio)
+        if item.text is not None:
+            result = await service.align(samples, request_id=request_id, text=item.text, token_ids=None,
+                                         language=language, **method)
+        else:
+            result = await service.transcribe(
+                samples, request_id=request_id, language=language, task="transcribe", word_timestamps=True,
+                prompt=None, sampling={}, **method,
+            )
+        await asyncio.to_thread(_write_result, output_dir, item, result)
+    except Exception as error:  # any reader's or the engine's error: the item fails, the batch goes on
+        return error_row(item, error)
+    return {
+        "id": item.id, "status": STATUS_OK, "error": None,
+        "audio_seconds": round(len(samples) / SAMPLE_RATE, 3), "words": len(result.get("words") or []),
+        "language": result.get("language"),
+    }
 
 
-def _finish(group: list, results: list | Exception, output_dir: Path) -> dict[str, dict[str, Any]]:
-    from vllm_whisper_align.audio import SAMPLE_RATE
+def _write_result(output_dir: Path, item: Item, result: dict[str, Any]) -> None:
     from vllm_whisper_align.formats import write_result
 
-    rows = {}
-    if isinstance(results, Exception):
-        return {item.id: error_row(item, results) for item, _ in group}
-    for (item, samples), result in zip(group, results, strict=True):
-        try:
-            write_atomically(result_path(output_dir, item.id), write_result(result, "verbose_json"))
-        except Exception as error:
-            rows[item.id] = error_row(item, error)
-            continue
-        rows[item.id] = {
-            "id": item.id, "status": STATUS_OK, "error": None,
-            "audio_seconds": round(len(samples) / SAMPLE_RATE, 3), "words": len(result.get("words") or []),
-            "language": result.get("language"),
-        }
-    return rows
+    write_atomically(result_path(output_dir, item.id), write_result(result, "verbose_json"))
 
 
 def error_row(item: Item, error: BaseException) -> dict[str, Any]:

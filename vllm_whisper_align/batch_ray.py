@@ -6,9 +6,12 @@ never when this module is. See ``batch`` for the manifest, the outputs and what 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,9 @@ from vllm_whisper_align.batch import (
 INSTALL_HINT = "the batch command needs Ray Data: pip install 'vllm-whisper-align[batch]'"
 # Columns of a replica's output (and of the summary, which adds run and time).
 ROW_COLUMNS = ("id", "status", "error", "audio_seconds", "words", "language")
+# Batches a replica works on at once: the next one's items start while the last windows of the one
+# before still run. Each holds its decoded audio until its results are written.
+BATCHES_IN_FLIGHT = 2
 # A replica's engine starts in about a minute on a small CPU machine, longer for a big model on a
 # loaded node: Ray Data's default wait for its actors is too short for that.
 REPLICA_START_TIMEOUT_S = 3600
@@ -36,33 +42,81 @@ def require_ray() -> None:
 
 
 class Replica:
-    """What one Ray actor runs: one engine, and ``process_batch`` on each batch it is fed."""
+    """What one Ray actor runs: one engine, fed up to BATCHES_IN_FLIGHT batches at once.
+
+    Ray Data calls it from that many threads; each hands its batch to the engine's event loop
+    (:class:`ServingEngine`), where the items of every batch in flight share the engine's continuous
+    batch. One batch at a time, the engine ran under-filled while each batch's last windows finished
+    (at 64 items a batch, 15-21% behind the offline API on the same manifest).
+    """
 
     def __init__(self, model: str | None, engine_args: dict[str, Any], options: JobOptions):
-        from vllm_whisper_align.offline import WhisperAligner
-
         _normal_priority()
         self.options = options
-        self.aligner = WhisperAligner(model, **engine_args)
+        self.engine = ServingEngine(model, engine_args)
         self.ready_at = time.time()
-        backend = self.aligner.llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
-        if backend == "ray":  # the replica is the unit of parallelism; the engine must not place workers
-            raise RuntimeError("the replica's engine chose Ray as its executor; pass "
-                               "--distributed-executor-backend mp")
 
     def __call__(self, batch):
         import pyarrow as pa
 
         items = [Item(**row) for row in batch.to_pylist()]
-        rows = process_batch(self.aligner, items, self.options)
+        rows = self.engine.run(process_batch(self.engine.service, items, self.options))
         columns = {name: [row.get(name) for row in rows] for name in ROW_COLUMNS}
         columns["_ready_at"] = [self.ready_at] * len(rows)
         return pa.table(columns, schema=_row_schema())
 
     def __del__(self):
-        aligner = getattr(self, "aligner", None)
-        if aligner is not None:
-            aligner.close()
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+class ServingEngine:
+    """vLLM's AsyncLLM with the server's AlignmentService, on an event loop of their own (a thread).
+
+    The offline API's engine settings (``offline.default_engine_args``) and the server's requests
+    (the same decoding and alignment modules as both).
+    """
+
+    def __init__(self, model: str | None, engine_args: dict[str, Any]):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="replica-engine", daemon=True)
+        self.thread.start()
+        self.engine = None
+        self.engine, self.service = self.run(self._start(model, engine_args))
+        backend = self.engine.vllm_config.parallel_config.distributed_executor_backend
+        if backend == "ray":  # the replica is the unit of parallelism; the engine must not place workers
+            self.close()
+            raise RuntimeError("the replica's engine chose Ray as its executor; pass "
+                               "--distributed-executor-backend mp")
+
+    def run(self, coroutine):
+        """Run ``coroutine`` on the engine's loop; wait for its result here (any thread)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    async def _start(self, model: str | None, engine_args: dict[str, Any]):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from vllm_whisper_align.checkpoints import resolve_model
+        from vllm_whisper_align.engine_defaults import engine_environment
+        from vllm_whisper_align.offline import default_engine_args
+        from vllm_whisper_align.server.service import AlignmentService, ServiceLimits
+
+        model = resolve_model(model)
+        args = default_engine_args(model, **engine_args)
+        os.environ.update(engine_environment(args))  # the engine's processes inherit it
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        # No duration limit: a corpus holds whole recordings, and the offline API has none either.
+        service = await AlignmentService.create(engine, [model], ServiceLimits(max_audio_s=math.inf))
+        return engine, service
+
+    def close(self) -> None:
+        """Stop the engine's processes and the loop; a second call does nothing."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def _normal_priority() -> None:
@@ -150,7 +204,11 @@ def run_job(
                 Replica,
                 fn_constructor_kwargs={"model": model, "engine_args": engine_args or {}, "options": options},
                 batch_size=batch_size, batch_format="pyarrow",
-                compute=ray.data.ActorPoolStrategy(size=replicas), num_cpus=cpus_per_replica,
+                compute=ray.data.ActorPoolStrategy(
+                    size=replicas, max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT,
+                    enable_true_multi_threading=True,  # the threads only wait: the engine's loop works
+                ),
+                num_cpus=cpus_per_replica,
                 num_gpus=gpus_per_replica or None,
             )
             for row in dataset.iter_rows():
