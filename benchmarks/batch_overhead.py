@@ -151,7 +151,7 @@ def interleaved_rounds(items, rounds: int, batch_size: int) -> tuple[dict, dict]
             walls.append(time.perf_counter() - started)
         peak = max(peak, memory.peak)
         log(f"offline round {round_ + 1}: {walls[-1]:.1f} s")
-        jobs.append(batch_rounds(items, 1, batch_size))
+        jobs.append(batch_rounds(items, 1, batch_size, job_tree=False))
     aligner.close()
     offline = {"engine_start_s": round(startup_s, 1), "walls_s": [round(w, 2) for w in walls],
                "chunked_walls_s": [float("nan")], "peak_pss_mib": round(peak)}
@@ -160,7 +160,10 @@ def interleaved_rounds(items, rounds: int, batch_size: int) -> tuple[dict, dict]
     return offline, merged
 
 
-def batch_rounds(items, rounds: int, batch_size: int) -> dict:
+def batch_rounds(items, rounds: int, batch_size: int, job_tree: bool = True) -> dict:
+    """``job_tree``: also sample the PSS of everything the job runs (driver, Ray, replica). Off when the
+    driver holds the offline engine too: its value would count that engine, and walking its page tables
+    every 5 s took CPU from the job being timed (the offline passes sample their own tree only)."""
     from vllm_whisper_align.batch import JobOptions
     from vllm_whisper_align.batch_ray import run_job
 
@@ -169,7 +172,7 @@ def batch_rounds(items, rounds: int, batch_size: int) -> dict:
     for round_ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="batch-overhead-") as folder:
             out = Path(folder)
-            with PeakPss(find_replica) as replica, PeakPss(os.getpid) as job:
+            with PeakPss(find_replica) as replica, PeakPss(os.getpid if job_tree else lambda: None) as job:
                 report = run_job(items, out, engine_args=dict(ENGINE_ARGS), options=JobOptions(str(out)),
                                  replicas=1, batch_size=batch_size)
             assert report.ok == len(items) and report.errors == 0, report
