@@ -19,6 +19,7 @@ import ctypes
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 import sys
 from pathlib import Path
 
@@ -58,6 +59,8 @@ def hide_triton_without_cpu_backend() -> bool:
     # A None entry makes `import triton` raise ImportError and importlib.util.find_spec return None:
     # what vLLM (vllm/triton_utils/importing.py) and torch (torch.utils._triton) see without Triton.
     sys.modules["triton"] = None
+    # torch then warns, once per process, that a Triton op vLLM registers has no kernels to find: expected.
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
     return True
 
 
