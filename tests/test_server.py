@@ -90,13 +90,17 @@ def test_served_model_is_a_name_and_unknown_model_error_lists_names(server, clie
 
 
 def test_our_info_lines_reach_the_server_log(server, server_log_dir):
-    """Our loggers sit under vLLM's logging config: the worker's notice of the heads it captures is logged."""
+    """Our loggers sit under vLLM's logging config: the worker's notice of the heads it captures is logged,
+    and so is serve's line of defaults."""
     from conftest import SERVER_LOG
 
     if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
         pytest.skip("the log of a server started elsewhere is not ours to read")
     log = (server_log_dir / SERVER_LOG).read_text()
     assert re.search(r" INFO .*Word timestamps: capturing \d+ heads", log), log[-3000:]
+    # serve's one line of defaults, logged before it execs vLLM's server
+    defaults = r" INFO .*whisper-align defaults for this CPU: .*max_num_batched_tokens 1536"
+    assert re.search(defaults, log), log[:3000]
 
 
 def test_openai_client_gets_words(client):

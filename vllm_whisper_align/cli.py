@@ -453,7 +453,9 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
         raise ValueError(f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
                          "no /v1/audio/alignments); serve through vLLM's HTTP server")
     from vllm_whisper_align.checkpoints import resolve_model
+    from vllm_whisper_align.log import vllm_logging_now
 
+    vllm_logging_now()  # the defaults' line comes before vLLM's server configures logging
     model = resolve_model(model_name)
     defaults, engine_env = _serve_defaults(model_name, model, server_argv)
     env = {**os.environ, **engine_env}

@@ -32,3 +32,15 @@ def quiet_logging_config(stream: str) -> dict[str, Any]:
     config["loggers"]["vllm"]["level"] = "ERROR"
     config["loggers"][PACKAGE_LOGGER] = {"level": "WARNING"}
     return config
+
+
+def vllm_logging_now() -> None:
+    """vLLM's logging configuration from its environment variables, applied in this process now.
+
+    vLLM 0.32 configures its logging only once its CLI has parsed its arguments. ``serve`` decides and
+    logs its defaults before it execs vLLM's server, so without this its one line of defaults was lost.
+    """
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
+    configure_logging_if_needed(LoggingConfig())
