@@ -3,6 +3,7 @@ hiding Triton changes the process for good."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,6 @@ from vllm_whisper_align import memory
 
 
 def run_python(code: str, **env: str) -> str:
-    import os
-
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env={**os.environ, **env}, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -34,6 +34,8 @@ TEMP_SUFFIX = ".tmp"
 # File names are at most 255 bytes; an id also carries the temporary file's prefix and suffix.
 MAX_ID_BYTES = 200
 STATUS_OK, STATUS_ERROR = "ok", "error"
+# The row of an item whose result a batch Ray ran again had already written: not summarised again.
+STATUS_SKIPPED = "skipped"
 # Seconds between two progress lines (the last one is always printed).
 PROGRESS_INTERVAL_S = 5.0
 
@@ -234,7 +236,7 @@ async def process_batch(service, items: Sequence[Item], options: JobOptions) -> 
 
 async def _process_item(service, item: Item, options: JobOptions, output_dir: Path) -> dict[str, Any]:
     if result_path(output_dir, item.id).exists():
-        return {"id": item.id, "status": "skipped", "error": None}
+        return {"id": item.id, "status": STATUS_SKIPPED, "error": None}
     language = item.language or options.language
     method = {"alignment_method": options.alignment_method} if options.alignment_method else {}
     request_id = f"batch-{item.id}-{uuid.uuid4().hex[:8]}"  # unique if Ray runs the batch again

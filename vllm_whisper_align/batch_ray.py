@@ -74,7 +74,7 @@ class Replica:
 class ServingEngine:
     """vLLM's AsyncLLM with the server's AlignmentService, on an event loop of their own (a thread).
 
-    The offline API's engine settings (``offline.default_engine_args``) and the server's requests
+    The offline API's engine settings (``offline.prepare_engine``) and the server's requests
     (the same decoding and alignment modules as both).
     """
 
@@ -98,17 +98,13 @@ class ServingEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from vllm_whisper_align.checkpoints import resolve_model
-        from vllm_whisper_align.engine_defaults import engine_environment
-        from vllm_whisper_align.offline import default_engine_args
+        from vllm_whisper_align.offline import prepare_engine
         from vllm_whisper_align.server.service import AlignmentService, ServiceLimits
 
-        model = resolve_model(model)
-        args = default_engine_args(model, **engine_args)
-        os.environ.update(engine_environment(args))  # the engine's processes inherit it
+        args = prepare_engine(model, **engine_args)
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         # No duration limit: a corpus holds whole recordings, and the offline API has none either.
-        service = await AlignmentService.create(engine, [model], ServiceLimits(max_audio_s=math.inf))
+        service = await AlignmentService.create(engine, [args["model"]], ServiceLimits(max_audio_s=math.inf))
         return engine, service
 
     def close(self) -> None:

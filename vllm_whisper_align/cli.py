@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "by its own settings)")
     batch.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica reserves "
                        "(default 0; 1 on a GPU cluster)")
-    batch.add_argument("--batch-size", type=int, default=64, help="items a replica takes at a time, in "
-                       "one engine call: more than --max-num-seqs keeps the engine full (default 64)")
+    batch.add_argument("--batch-size", type=int, default=64, help="items in a batch; a replica works on two "
+                       "batches at once, every item its own engine requests (default 64)")
     batch.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     batch.add_argument("--language", default=None, help="for items without one (default: detect)")
     batch.add_argument("--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD)

@@ -134,12 +134,12 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
     if on_cpu:
         settings["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
         settings["enforce_eager"] = True
-        # vLLM lets this variable override the engine argument (a legacy setting), so it wins here too.
         hf_config = _load_config(model)
         if hf_config is not None:
             settings["max_num_batched_tokens"] = encoder_token_budget(
                 hf_config, given.get("block_size") or CPU_KV_BLOCK_SIZE
             )
+        # vLLM lets this variable override the engine argument (a legacy setting), so it wins here too.
         if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
             merged = {**settings, **given}
             settings["kv_cache_memory_bytes"] = _cpu_kv_cache_bytes(hf_config, merged)

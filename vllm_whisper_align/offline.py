@@ -38,6 +38,15 @@ def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
     return args
 
 
+def prepare_engine(model: str | None, **engine_args: Any) -> dict[str, Any]:
+    """The engine arguments for ``model`` (resolved: a bundled name, a CT2 dir...), with this process's
+    environment set for the engine's processes, which inherit it: what ``WhisperAligner`` and the corpus
+    job's replicas do before they build an engine. The one place they change ``os.environ``."""
+    args = default_engine_args(resolve_model(model), **engine_args)
+    os.environ.update(engine_environment(args))
+    return args
+
+
 # How long close() lets the engine's processes exit before they are killed. vLLM's own default (5 s)
 # is too short for a loaded 2-core machine, and a killed engine core leaks its shared memory.
 ENGINE_SHUTDOWN_TIMEOUT_S = 60.0
@@ -53,10 +62,8 @@ class WhisperAligner:
     def __init__(self, model: str | None = None, **engine_args: Any):
         from vllm import LLM
 
-        self.model = resolve_model(model)
-        args = default_engine_args(self.model, **engine_args)
-        # The one place the offline API changes os.environ: the engine's processes inherit it.
-        os.environ.update(engine_environment(args))
+        args = prepare_engine(model, **engine_args)
+        self.model = args["model"]
         self.llm = LLM(**args)
         model_config = self.llm.llm_engine.model_config
         tokenizer = self.llm.get_tokenizer()
