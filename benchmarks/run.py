@@ -608,17 +608,21 @@ def memory_after_warm_up(raws: dict) -> list[str]:
         processes = idle.get("processes") or []
         total_pss = sum(p["pss_mib"] for p in processes)
         total_rss = sum(p["rss_mib"] for p in processes)
-        slot_mib = (idle.get("capture") or {}).get("slot_bytes", 0) / 2**20
+        capture = idle.get("capture") or {}
+        slot_mib = capture.get("slot_bytes", 0) / 2**20
+        kv = (f"; KV cache {capture['kv_cache_resident_bytes'] / 2**20:.0f} of "
+              f"{capture['kv_cache_bytes'] / 2**20:.0f} MiB resident" if "kv_cache_bytes" in capture else "")
         lines.append(f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} "
-                     f"processes (capture pool {slot_mib:.0f} MiB):")
+                     f"processes (capture pool {slot_mib:.0f} MiB{kv}):")
         lines += [f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB"
                   for p in processes]
     if not lines:
         return []
     return ["## Server memory after warm-up", "",
             "Per process of `vllm-whisper-align serve`'s tree after 16 warm-up requests (8 clips with word "
-            "timestamps, 8 without), once the server has been idle long enough to hand freed heap back "
-            "(`service.IDLE_BEFORE_RETURNING_HEAP_S`), before the timed passes:", "", *lines, ""]
+            "timestamps, 8 without), once the server has been idle long enough to hand freed heap and the "
+            "KV cache's pages back (`memory.IDLE_BEFORE_RETURNING_MEMORY_S`), before the timed passes; "
+            "the peak under load is the *peak PSS* column of the HTTP rows:", "", *lines, ""]
 
 
 def _produced_by(result: dict) -> list[str]:

@@ -71,8 +71,9 @@ def test_fetch_returns_the_rows_sent_and_frees_everything():
     [answer] = capture.fetch([AlignmentRequest(params.key, num_text_tokens=3)])
     # heads x [sot, no_timestamps, 3 text rows] (the eot row was never fed) x num_frames // 2
     assert answer["shape"] == [1, min(params.rows_sent(3), 1 + 1 + 3), 4], answer
-    assert capture.stats() | {"slot_bytes": 0} == {
-        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "parked_bytes": 0,
+    assert capture.stats() | {"slot_bytes": 0, "slot_resident_bytes": 0} == {
+        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "slot_resident_bytes": 0,
+        "parked_bytes": 0,
         "no_speech_pending": 0, "no_speech_parked": 0,
     }
 
@@ -98,6 +99,29 @@ def test_discard_frees_a_live_request_and_a_parked_one():
     assert capture.discard([live.key, parked.key]) == 2
     stats = capture.stats()
     assert stats["tracked"] == 0 and stats["parked"] == 0 and stats["free_slots"] == stats["slots"]
+
+
+def test_slot_pages_go_back_only_when_no_request_holds_one():
+    """An idle engine hands the pool's pages back (stats count what stays resident); never while a
+    request's rows are in it."""
+    rows = 4096  # slots big enough to span whole pages
+    layer = SimpleNamespace(capture_heads=[0], captured_q=torch.zeros((32, 1, 64)),
+                            captured_k=torch.ones((2 * rows, 1, 64)))
+    capture = AlignmentCapture([layer], 64, MAX_ROWS, rows, max_requests=2)
+    params = AlignmentParams.for_prompt(num_frames=8, num_previous=0, num_start=2)
+    run_request(capture, "r1", params, text_tokens=2)
+    assert capture.stats()["slot_resident_bytes"] > 0
+    assert capture.release_slot_pages() == 0  # r1 still holds its slot
+    capture.after_step(step(finished=["r1"]), [])
+    assert capture.release_slot_pages() > 0.9 * capture.stats()["slot_bytes"]
+    assert capture.stats()["slot_resident_bytes"] == 0
+    [answer] = capture.fetch([AlignmentRequest(params.key, num_text_tokens=2)])
+    assert "error" not in answer  # r1's result was formed before its slot went back
+    second = AlignmentParams.for_prompt(num_frames=8, num_previous=0, num_start=2)
+    run_request(capture, "r2", second, text_tokens=2)  # on the fresh zero pages
+    capture.after_step(step(finished=["r2"]), [])
+    [answer] = capture.fetch([AlignmentRequest(second.key, num_text_tokens=2)])
+    assert np.frombuffer(answer["cross_qk"], np.float32).size > 0
 
 
 def test_queries_land_in_their_own_requests_rows():

@@ -65,3 +65,22 @@ def test_freed_heap_goes_back():
         print(return_freed_heap())
     """)
     assert out == "True"
+
+
+def test_released_pages_leave_ram_and_read_as_zeros():
+    """An idle engine's KV cache and capture pool go back page by page: out of RAM, zeros on the next read,
+    and the partial pages at either edge (shared with neighbouring memory) untouched."""
+    import mmap
+
+    import numpy as np
+
+    buffer = np.full(64 * mmap.PAGESIZE + 100, 7, dtype=np.uint8)
+    address, nbytes = buffer.ctypes.data, buffer.nbytes
+    assert memory.resident_bytes(address, nbytes) >= 63 * mmap.PAGESIZE
+    released = memory.release_pages(address, nbytes)
+    assert 63 * mmap.PAGESIZE <= released <= 64 * mmap.PAGESIZE
+    assert memory.resident_bytes(address, nbytes) == 0
+    first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE - address  # first byte of a whole page
+    assert (buffer[:first] == 7).all() and (buffer[first: first + released] == 0).all()
+    assert (buffer[first + released:] == 7).all()
+    assert memory.release_pages(address, mmap.PAGESIZE - 1) == 0  # no whole page: nothing

@@ -204,24 +204,41 @@ def server_processes(server: str) -> list:
 
 def test_server_processes_stay_lean(server, clips):
     """No process of the server loads Triton (vLLM's CPU build would load it only to disable it: 71 MiB
-    each), and once no request has run for a moment the engines hand freed heap back to the OS."""
+    each), and once no request has run for a moment the engines hand freed heap and their KV cache's
+    pages back to the OS; the next request, on fresh zero pages, gets the same answer."""
     processes = server_processes(server)
     names = [" ".join(p.cmdline())[:60] for p in processes]
     assert any("EngineCore" in name for name in names), names
     for process, name in zip(processes, names, strict=True):
         assert "libtriton" not in Path(f"/proc/{process.pid}/maps").read_text(), name
 
-    def heap_returns() -> int:
-        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()["heap_returns"]
+    def stats() -> dict:
+        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
 
-    before = heap_returns()
-    response = httpx.post(f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[0]))},
-                          data={"model": SERVED_NAME}, timeout=120)
-    assert response.status_code == 200, response.text
-    deadline = time.monotonic() + 30
-    while heap_returns() == before and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert heap_returns() > before
+    def transcribe() -> dict:
+        response = httpx.post(
+            f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[2]))},
+            data={"model": SERVED_NAME, "response_format": "verbose_json",
+                  "timestamp_granularities[]": "word"},
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    answers = []
+    for _ in range(2):
+        before = stats()
+        answers.append(transcribe())
+        deadline = time.monotonic() + 30
+        while stats()["heap_returns"] == before["heap_returns"] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        after = stats()
+        assert after["heap_returns"] > before["heap_returns"]
+        assert after["kv_cache_releases"] > before["kv_cache_releases"]
+        assert after["kv_cache_bytes"] > 0
+        assert after["kv_cache_resident_bytes"] < 0.05 * after["kv_cache_bytes"], after
+    assert answers[1]["text"] == answers[0]["text"] and answers[1]["words"] == answers[0]["words"]
+    assert np.isfinite(start_errors(clips[2], answers[1]["words"])).mean() >= 0.85, answers[1]  # all heard
 
 
 def test_long_audio_across_chunk_joins(client):

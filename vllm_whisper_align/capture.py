@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 import torch
 
+from vllm_whisper_align import memory
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import (
     MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest, NoSpeechParams,
@@ -126,6 +127,17 @@ class AlignmentCapture:
         self.free_slots.extend(range(new_slots - 1, self.num_slots - 1, -1))
         self.num_slots = new_slots
         return True
+
+    def release_slot_pages(self) -> int:
+        """With no request holding a slot, hand the pool's pages back to the OS (host memory only).
+
+        The pool keeps its size, and a slot's rows are always written before they are read, so the
+        zero pages the next request finds serve as well as the old ones. Returns the bytes handed back.
+        """
+        if self.tracked:
+            return 0
+        return sum(memory.release_pages(*_host_buffer(t)) for t in self.q_slots + self.k_slots
+                   if t.device.type == "cpu")
 
     def _take_slot(self) -> int | None:
         if not self.free_slots and not self._grow():
@@ -319,10 +331,17 @@ class AlignmentCapture:
             "slots": self.num_slots,
             "free_slots": len(self.free_slots),
             "slot_bytes": sum(t.numel() * t.element_size() for t in self.q_slots + self.k_slots),
+            "slot_resident_bytes": sum(memory.resident_bytes(*_host_buffer(t))
+                                       for t in self.q_slots + self.k_slots if t.device.type == "cpu"),
             "parked_bytes": sum(p.qk.nbytes for p in self.parked.values() if p.qk is not None),
             "no_speech_pending": len(self.no_speech_pending),
             "no_speech_parked": len(self.no_speech_parked),
         }
+
+
+def _host_buffer(tensor: torch.Tensor) -> tuple[int, int]:
+    """``(address, nbytes)`` of a contiguous tensor's memory."""
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
 
 
 def _step_rows(scheduler_output: Any, batch_req_ids: list[str]) -> Iterator[tuple[str, int, int | None, int]]:

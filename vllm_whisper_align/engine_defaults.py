@@ -6,7 +6,8 @@ Decided here and nowhere else, each only when the user did not set it:
   ``torch_dtype: float16``, and on a CPU without native half precision float16 ran at a sixth of
   float32's speed. On GPU the model's own dtype stays.
 - KV cache: on CPU, vLLM reserves a fixed amount up front. It is sized from the model's decoder
-  (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``.
+  (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``; an
+  idle server hands its pages back until the next request (memory.py).
 - the token budget of a step (``max_num_batched_tokens``): on CPU, one encoder output (1500 rows)
   rounded up to whole KV blocks, 1536. vLLM's CPU default, 2048, still ran one 30 s window's encoder
   a step (two need 3000), but vLLM sizes each request's cross-attention by this budget in its

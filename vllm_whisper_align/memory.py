@@ -1,5 +1,5 @@
-"""Keeping the processes we start lean: a package vLLM's CPU build loads and then disables, and heap
-that has been freed but not handed back.
+"""Keeping the processes we start lean: a package vLLM's CPU build loads and then disables, heap
+that has been freed but not handed back, and an idle engine's KV cache.
 
 Standard library only: :func:`hide_triton_without_cpu_backend` must run before vLLM is imported.
 
@@ -11,6 +11,11 @@ Standard library only: :func:`hide_triton_without_cpu_backend` must run before v
 - Freed heap. Decoding audio, the multimodal processor and the forward pass free large buffers that
   glibc keeps in the process for reuse; the server hands them back once idle
   (:func:`return_freed_heap` in the API server and, through ``collective_rpc``, in the workers).
+- The KV cache of an idle engine. On CPU vLLM reserves it up front and zero-fills it, so every page
+  of it stays resident from start-up on, whether one request ever used it or none (768 MiB for
+  tiny.en in float32, 32 requests at full length). Its contents matter only while a request runs
+  (Whisper runs without prefix caching), so an engine with no request hands its pages back
+  (:func:`release_pages`) and the kernel gives zero pages again on the next touch, as they were.
 """
 
 from __future__ import annotations
@@ -20,8 +25,16 @@ import functools
 import importlib.metadata
 import importlib.util
 import logging
+import mmap
 import sys
 from pathlib import Path
+
+# Once the server has had no request for this long, its processes hand freed heap back to the OS
+# (after start-up 72 MiB in the API server and 27 in the engine core; benchmarks/TUNING.md) and an
+# engine that has run no step for as long hands back its KV cache pages. Not while requests run:
+# the buffers freed then are reused by the next step.
+IDLE_BEFORE_RETURNING_MEMORY_S = 1.0
+MADV_DONTNEED = 4  # <sys/mman.h> on Linux
 
 
 def vllm_is_cpu_build() -> bool:
@@ -79,6 +92,40 @@ def _glibc():
     try:
         libc = ctypes.CDLL(None)  # the symbols the process already has, libc's among them
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def release_pages(address: int, nbytes: int) -> int:
+    """Hand the whole pages of ``[address, address + nbytes)`` back to the OS; returns the bytes handed.
+
+    ``madvise(MADV_DONTNEED)``: private anonymous pages read as zeros on their next touch, as the
+    zero-filled buffer did. Only for memory whose contents are no longer needed.
+    """
+    start, end = _whole_pages(address, nbytes)
+    libc = _glibc()
+    if libc is None or end <= start or libc.madvise(ctypes.c_void_p(start), end - start, MADV_DONTNEED) != 0:
+        return 0
+    return end - start
+
+
+def resident_bytes(address: int, nbytes: int) -> int:
+    """How much of ``[address, address + nbytes)`` sits in RAM, in whole pages (``mincore``)."""
+    start, end = _whole_pages(address, nbytes)
+    libc = _glibc()
+    if libc is None or end <= start:
+        return 0
+    pages = (end - start) // mmap.PAGESIZE
+    vector = (ctypes.c_ubyte * pages)()
+    if libc.mincore(ctypes.c_void_p(start), end - start, vector) != 0:
+        return 0
+    return sum(byte & 1 for byte in bytes(vector)) * mmap.PAGESIZE
+
+
+def _whole_pages(address: int, nbytes: int) -> tuple[int, int]:
+    """The page-aligned range inside ``[address, address + nbytes)``: pages shared with neighbours stay."""
+    page = mmap.PAGESIZE
+    return -(-address // page) * page, (address + nbytes) // page * page

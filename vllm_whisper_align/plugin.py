@@ -7,6 +7,7 @@ hook and the RPC methods of the alignment store (through :mod:`vllm_whisper_alig
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from vllm_whisper_align import memory, vllm_adapter
@@ -22,7 +23,7 @@ RPC_FETCH = "whisper_align_fetch"
 RPC_DISCARD = "whisper_align_discard"
 RPC_STATS = "whisper_align_stats"
 RPC_NO_SPEECH = "whisper_align_no_speech"
-RPC_RETURN_FREED_HEAP = "whisper_align_return_freed_heap"
+RPC_RETURN_IDLE_MEMORY = "whisper_align_return_idle_memory"
 NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 
@@ -37,7 +38,7 @@ def register() -> None:
     vllm_adapter.install_worker_methods(
         _after_step,
         {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech,
-         RPC_RETURN_FREED_HEAP: _return_freed_heap},
+         RPC_RETURN_IDLE_MEMORY: _return_idle_memory},
     )
 
 
@@ -47,6 +48,8 @@ def alignment_capture_of(worker_wrapper: Any):
 
 
 def _after_step(worker_wrapper: Any, scheduler_output: Any) -> None:
+    global _last_step_at
+    _last_step_at = time.monotonic()
     capture = alignment_capture_of(worker_wrapper)
     if capture is None:
         return
@@ -79,14 +82,39 @@ def _discard(self, keys: list[str]) -> int:
 
 
 def _stats(self) -> dict[str, int]:
-    return {**_require_capture(self).stats(), "heap_returns": _heap_returns}
+    buffers = vllm_adapter.kv_cache_buffers(self)
+    return {
+        **_require_capture(self).stats(),
+        "heap_returns": _heap_returns, "kv_cache_releases": _kv_cache_releases,
+        "kv_cache_bytes": sum(nbytes for _, nbytes in buffers),
+        "kv_cache_resident_bytes": sum(memory.resident_bytes(*buffer) for buffer in buffers),
+    }
 
 
-# Times this worker process handed freed heap back to the OS (reported by _stats).
+# Times this worker process handed freed heap, and its KV cache's pages, back to the OS (see _stats).
 _heap_returns = 0
+_kv_cache_releases = 0
+# When this worker last ran a model step (monotonic seconds; None: never since start-up).
+_last_step_at: float | None = None
 
 
-def _return_freed_heap(self) -> bool:
-    global _heap_returns
+def _return_idle_memory(self) -> bool:
+    """Freed heap back to the OS and, if no step has run for a while, the pages of the KV cache and of
+    the capture pool too.
+
+    The API server asks once it has had no request in flight for IDLE_BEFORE_RETURNING_MEMORY_S. The
+    worker checks its own side: a request that holds KV blocks runs a step every scheduler loop, so
+    none has run for that long only when no request is running (Whisper runs without prefix caching,
+    so no finished request's blocks are read again). Steps and RPCs run one at a time in a worker.
+    """
+    global _heap_returns, _kv_cache_releases
     _heap_returns += 1
-    return memory.return_freed_heap()
+    returned = memory.return_freed_heap()
+    if _last_step_at is None or time.monotonic() - _last_step_at >= memory.IDLE_BEFORE_RETURNING_MEMORY_S:
+        released = sum(memory.release_pages(*buffer) for buffer in vllm_adapter.kv_cache_buffers(self))
+        _kv_cache_releases += released > 0
+        capture = alignment_capture_of(self)
+        if capture is not None:
+            released += capture.release_slot_pages()
+        returned = returned or released > 0
+    return returned

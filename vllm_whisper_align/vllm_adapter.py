@@ -119,6 +119,22 @@ def batch_req_ids(worker_wrapper: Any) -> list[str]:
     return list(input_batch.req_ids)
 
 
+def kv_cache_buffers(worker_wrapper: Any) -> list[tuple[int, int]]:
+    """``(address, nbytes)`` of each host buffer behind the worker's KV cache; none on GPU.
+
+    Why internal: vLLM reserves the KV cache in ``allocate_kv_cache`` and keeps per-layer views of it
+    in ``model_runner.kv_caches``; no interface hands it out or lets it go while the engine idles.
+    """
+    runner = getattr(getattr(worker_wrapper, "worker", None), "model_runner", None)
+    buffers = {}
+    for tensor in getattr(runner, "kv_caches", None) or ():
+        if tensor is None or tensor.device.type != "cpu":
+            continue
+        storage = tensor.untyped_storage()
+        buffers[storage.data_ptr()] = storage.nbytes()
+    return sorted(buffers.items())
+
+
 # ---------------------------------------------------------------------------- API side
 
 

@@ -121,7 +121,7 @@ async def capture_stats(base: str) -> dict:
 
 
 async def idle_server(base: str, returns_before: int, timeout_s: float = 15.0) -> None:
-    """Wait until the server, idle, has handed freed heap back (its stats count it), as a server
+    """Wait until the server, idle, has handed memory back (its stats count it), as a server
     between requests does; a server without that (an older build) is measured after the timeout."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

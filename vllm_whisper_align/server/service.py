@@ -22,7 +22,7 @@ from vllm_whisper_align.audio import SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest
 from vllm_whisper_align.plugin import (
-    NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_RETURN_FREED_HEAP, RPC_STATS,
+    NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_RETURN_IDLE_MEMORY, RPC_STATS,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
@@ -30,10 +30,6 @@ from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
 logger = get_logger(__name__)
 
 MAX_AUDIO_ENV = "VLLM_WHISPER_ALIGN_MAX_AUDIO_S"
-# Once the server has had no request for this long, its processes hand freed heap back to the OS:
-# after start-up 72 MiB in the API server and 27 in the engine core (tiny.en; benchmarks/TUNING.md).
-# Not while requests run: the buffers freed then are reused by the next step.
-IDLE_BEFORE_RETURNING_HEAP_S = 1.0
 
 
 # Longest quotation of a client's value in an error message, and longest message.
@@ -103,14 +99,14 @@ class AlignmentService:
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
         service = cls(engine_client, tokenizer, served_model_names, limits)
-        service._when_idle_return_freed_heap()  # what start-up freed
+        service._when_idle_return_memory()  # what start-up freed
         return service
 
     # ---- memory ------------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
     async def request_in_flight(self):
-        """Around every request: once none has run for IDLE_BEFORE_RETURNING_HEAP_S, freed heap goes back."""
+        """Around every request: once none has run for a moment (see memory.py), idle memory goes back."""
         self._requests_in_flight += 1
         self._requests_started += 1
         try:
@@ -118,22 +114,22 @@ class AlignmentService:
         finally:
             self._requests_in_flight -= 1
             if self._requests_in_flight == 0:
-                self._when_idle_return_freed_heap()
+                self._when_idle_return_memory()
 
-    def _when_idle_return_freed_heap(self) -> None:
-        task = asyncio.create_task(self._return_freed_heap_if_still_idle(self._requests_started))
+    def _when_idle_return_memory(self) -> None:
+        task = asyncio.create_task(self._return_memory_if_still_idle(self._requests_started))
         self._idle_tasks.add(task)  # the loop keeps only a weak reference to a task
         task.add_done_callback(self._idle_tasks.discard)
 
-    async def _return_freed_heap_if_still_idle(self, requests_started: int) -> None:
-        await asyncio.sleep(IDLE_BEFORE_RETURNING_HEAP_S)
+    async def _return_memory_if_still_idle(self, requests_started: int) -> None:
+        await asyncio.sleep(memory.IDLE_BEFORE_RETURNING_MEMORY_S)
         if self._requests_in_flight or self._requests_started != requests_started:
             return  # not idle since: the request that came, or the task its end made, does it
         await asyncio.to_thread(memory.return_freed_heap)
         try:
-            await self._rpc_all_engines(RPC_RETURN_FREED_HEAP)
+            await self._rpc_all_engines(RPC_RETURN_IDLE_MEMORY)
         except Exception as error:  # the engines are no request's business: report, keep serving
-            logger.warning("whisper-align: the engines did not return freed heap: %s", error)
+            logger.warning("whisper-align: the engines did not return idle memory: %s", error)
 
     # ---- validation --------------------------------------------------------------------------
 
