@@ -57,16 +57,44 @@ def test_fall_back_replaces_only_failing_windows_with_fresh_keys(tokens):
     good = WindowOutput([1], [-0.1], avg_logprob=-0.1, compression_ratio=1.0)
     bad = WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)
     outputs = [good, bad, good]
-    retried, superseded = fall_back(plan, outputs)
-    assert retried == [1] and superseded == first[1].capture_keys()
+    retried, superseded = fall_back(plan, outputs, [0, 1, 2])
+    assert retried == [1] and superseded == []  # the failed attempt is kept until a better one passes
     assert plan.windows[0] is first[0] and plan.windows[2] is first[2]
     again = plan.windows[1]
     assert again.temperature == pytest.approx(0.2) and again.attempt == 1
     assert not set(again.capture_keys()) & set(first[1].capture_keys())
     assert again.no_speech.row == first[1].no_speech.row == 0 and again.no_speech.token == tokens.no_speech
+    tried = [again]
     for _ in range(10):  # at most the schedule's length
-        retried, _ = fall_back(plan, outputs)
-    assert retried == [] and plan.windows[1].temperature == pytest.approx(1.0)
+        retried, _ = fall_back(plan, outputs, retried)
+        tried += [plan.windows[1]] if retried else []
+    assert retried == [] and [w.temperature for w in tried] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+    assert plan.windows[1] is first[1]  # every attempt as unlikely: the first stays
+
+
+def test_when_every_temperature_fails_the_most_likely_attempt_stays(tokens):
+    """faster-whisper's rule, not openai-whisper's (which keeps the last, at temperature 1.0): the least
+    repetitive attempt, then the most probable; the others' captures go. One that passes wins outright."""
+    samples = np.zeros(16000 * 20, dtype=np.float32)
+    plan = decoding.plan_transcription(samples, tokens, language="en")
+    figures = [(-1.6, 1.0), (-1.2, 3.0), (-1.4, 1.5), (-3.0, 1.0), (-4.0, 1.2), (-5.2, 1.1)]  # T 0 .. 1
+    attempts, discarded, pending = [], [], [0]
+    for avg_logprob, ratio in figures:
+        attempts.append(plan.windows[0])
+        outputs = [WindowOutput([1], [avg_logprob], avg_logprob=avg_logprob, compression_ratio=ratio)]
+        pending, superseded = fall_back(plan, outputs, pending)
+        discarded += superseded
+    assert pending == [] and plan.windows[0] is attempts[2] and outputs[0].avg_logprob == -1.4
+    kept = set(attempts[2].capture_keys())
+    assert not kept & set(discarded)
+    assert set(discarded) == {k for a in attempts for k in a.capture_keys()} - kept  # nothing left parked
+
+    plan = decoding.plan_transcription(samples, tokens, language="en")
+    first = plan.windows[0]
+    fall_back(plan, [WindowOutput([1], [-1.5], avg_logprob=-1.5, compression_ratio=1.0)], [0])
+    passing = [WindowOutput([1], [-0.5], avg_logprob=-0.5, compression_ratio=1.0)]
+    pending, superseded = fall_back(plan, passing, [0])
+    assert pending == [] and plan.windows[0].attempt == 1 and superseded == first.capture_keys()
 
 
 @pytest.mark.parametrize("best_of", [1, 5])
@@ -75,7 +103,7 @@ def test_sampled_attempts_run_best_of_candidates_with_their_own_seeds_and_keys(t
     fallback = FallbackOptions(best_of=best_of)
     plan = decoding.plan_transcription(samples, tokens, language="en", fallback=fallback)
     assert plan.windows[0].candidates() == (plan.windows[0],)  # greedy: one
-    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)])
+    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     candidates = plan.windows[0].candidates()
     assert len(candidates) == best_of
     assert len({c.sampling_params.seed for c in candidates}) == best_of
@@ -92,7 +120,7 @@ def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
 
     samples = np.zeros(16000 * 20, dtype=np.float32)
     plan = decoding.plan_transcription(samples, tokens, language="en", fallback=FallbackOptions(best_of=3))
-    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)])
+    fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     window = plan.windows[0]
     # (text token logprobs, eot logprob): a short confident text, a long one, a short improbable one.
     drafts = [([-0.5, -0.5], -0.1), ([-0.3] * 10, -0.2), ([-2.0], -0.5)]

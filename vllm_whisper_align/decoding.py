@@ -181,6 +181,14 @@ class Plan:
     task: str = "transcribe"
     word_timestamps: bool = True
     fallback: FallbackOptions = field(default_factory=FallbackOptions)
+    # Per window still falling back: its most likely attempt so far, kept in case every temperature
+    # fails the test (see fall_back).
+    failed_attempts: dict[int, tuple[WindowRequest, WindowOutput]] = field(default_factory=dict)
+
+    def capture_keys(self) -> list[str]:
+        """Every key under which the workers may keep something for this plan."""
+        attempts = [*self.windows, *(window for window, _ in self.failed_attempts.values())]
+        return [key for window in attempts for key in window.capture_keys()]
 
 
 # ---------------------------------------------------------------------------- language detection
@@ -415,22 +423,52 @@ def is_silent(output: WindowOutput, options: FallbackOptions) -> bool:
     return not (options.logprob_threshold is not None and output.avg_logprob > options.logprob_threshold)
 
 
-def fall_back(plan: Plan, outputs: Sequence[WindowOutput]) -> tuple[list[int], list[str]]:
-    """Replaces, in ``plan``, every window that needs another temperature (and has one left) by its
-    next attempt. Returns their indices, to re-submit, and the capture keys of the attempts they
-    supersede, to discard."""
+def fall_back(
+    plan: Plan, outputs: list[WindowOutput], just_run: Sequence[int]
+) -> tuple[list[int], list[str]]:
+    """Replaces, in ``plan``, every window of ``just_run`` that needs another temperature (and has one
+    left) by its next attempt. Returns their indices, to re-submit, and the capture keys of the
+    attempts no longer needed, to discard.
+
+    When the last temperature fails too, the window keeps its most likely attempt (faster-whisper's
+    rule: the least repetitive, then the highest ``avg_logprob``), not the last: openai-whisper keeps
+    the last, which at temperature 1.0 is mostly invented text.
+    """
     retried, superseded = [], []
-    for index, (window, output) in enumerate(zip(plan.windows, outputs, strict=True)):
-        following = window.attempt + 1
-        if window.forced_tokens is not None or following >= len(plan.fallback.temperatures):
+    for index in just_run:
+        window, output = plan.windows[index], outputs[index]
+        if window.forced_tokens is not None:
             continue
-        if needs_fallback(output, plan.fallback):
+        best_failed = plan.failed_attempts.pop(index, None)
+        if not needs_fallback(output, plan.fallback):
+            superseded += best_failed[0].capture_keys() if best_failed else []
+            continue
+        kept, other = _more_likely((window, output), best_failed, plan.fallback)
+        superseded += other[0].capture_keys() if other else []
+        following = window.attempt + 1
+        if following < len(plan.fallback.temperatures):
+            plan.failed_attempts[index] = kept
             plan.windows[index] = _at_temperature(
                 window, following, plan.fallback.temperatures[following], plan.fallback.best_of
             )
             retried.append(index)
-            superseded += window.capture_keys()
+        else:
+            plan.windows[index], outputs[index] = kept
     return retried, superseded
+
+
+def _more_likely(latest, earlier, options: FallbackOptions):
+    """Of two failed attempts ``(window, output)``, the one to keep and the other (None if none)."""
+    if earlier is None:
+        return latest, None
+
+    def rank(attempt: tuple[WindowRequest, WindowOutput]) -> tuple[bool, float]:
+        output = attempt[1]
+        repetitive = (options.compression_ratio_threshold is not None
+                      and output.compression_ratio > options.compression_ratio_threshold)
+        return not repetitive, output.avg_logprob
+
+    return (latest, earlier) if rank(latest) > rank(earlier) else (earlier, latest)
 
 
 def dropped_keys(plan: Plan, outputs: Sequence[WindowOutput]) -> list[str]:

@@ -231,7 +231,7 @@ class WhisperAligner:
             self._generate(plans, per_plan, pending, use_tqdm)
             retried, superseded = [], []
             for p, plan in enumerate(plans):
-                indices, keys = decoding.fall_back(plan, per_plan[p])
+                indices, keys = decoding.fall_back(plan, per_plan[p], [w for q, w in pending if q == p])
                 retried += [(p, w) for w in indices]
                 superseded += keys
             self.discard(superseded)

@@ -257,13 +257,13 @@ class AlignmentService:
                 ids = [f"{request_id}-{i}-{plan.windows[i].attempt}-{j}"
                        for i in pending for j in range(len(plan.windows[i].candidates()))]
                 await self._generate_windows(plan, outputs, pending, ids)
-                pending, superseded = decoding.fall_back(plan, outputs)
+                pending, superseded = decoding.fall_back(plan, outputs, pending)
                 await self.discard(superseded)
             await self.discard(decoding.dropped_keys(plan, outputs))
             fetched = await self.fetch(decoding.alignment_requests(plan, outputs))
         except asyncio.CancelledError:
             # The client went away: stop its engine requests and drop what was captured for them.
-            keys = [key for window in plan.windows for key in window.capture_keys()]
+            keys = plan.capture_keys()
             await asyncio.gather(self.engine_client.abort(ids), self.discard(keys), return_exceptions=True)
             logger.info("%s: the client went away; aborted its %d engine requests and dropped their captures",
                         request_id, len(ids))
