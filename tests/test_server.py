@@ -659,3 +659,46 @@ def test_hostile_inputs_are_400s_never_500s(server, client):
     )
     assert one.status_code == 200 and len(one.json()["words"]) == 1, one.text
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def narrow_server(model_dir, tmp_path_factory):
+    """A server whose engine runs two requests at once: a few windows already make a long recording."""
+    from conftest import running_server
+
+    with running_server(model_dir, tmp_path_factory.mktemp("narrow"), args=["--max-num-seqs", "2"]) as base:
+        yield base
+
+
+def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server):
+    """A long recording's windows enter the engine as its earlier ones finish, at most as many as the
+    engine runs together (max_num_seqs = 2 here; 11 windows), so a request sent after it waits for
+    one round, not behind all of them; vLLM's own gauges show what the engine holds meanwhile."""
+    long_audio = wav_bytes(long_clip(280.0))
+    short_clip = sentence_clips()[2]
+
+    async def long_then_short() -> tuple[dict, dict, list[dict[str, float]]]:
+        async with httpx.AsyncClient(timeout=900) as http:
+            def post(audio: bytes):
+                return http.post(
+                    f"{narrow_server}/v1/audio/transcriptions", files={"file": ("a.wav", audio, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                )
+
+            long_request = asyncio.ensure_future(post(long_audio))
+            held, short_request, answered_first = [], None, None
+            while not long_request.done() and len(held) < 2000:
+                held.append(await asyncio.to_thread(engine_counts, narrow_server))
+                if short_request is None and held[-1]["running"] > 0:  # the long one's windows are in
+                    short_request = asyncio.ensure_future(post(wav_bytes(short_clip)))
+                if answered_first is None and short_request is not None and short_request.done():
+                    answered_first = not long_request.done()
+                await asyncio.sleep(0.1)
+            assert answered_first, "the short request waited for the whole long one"
+            return (await long_request).json(), (await short_request).json(), held
+
+    long_answer, short_answer, held = asyncio.run(long_then_short())
+    assert long_answer["duration"] > 270 and len(long_answer["words"]) > 300
+    assert np.isfinite(start_errors(short_clip, short_answer["words"])).mean() >= 0.85
+    in_engine = [counts["running"] + counts["waiting"] for counts in held]
+    assert max(in_engine) <= 3, in_engine  # 2 windows of the long one, and the short one

@@ -73,6 +73,17 @@ class ServiceLimits:
         )
 
 
+def windows_in_flight(vllm_config: Any) -> int:
+    """How many windows of one request are in the engines at once: as many as they run together.
+
+    A long recording's windows go in as earlier ones finish, not all at once: a 1-hour file is 120
+    windows, and a request that arrives after it would wait behind every one of them (the engines
+    admit requests first come, first served); it waits behind one round now. One request alone still
+    keeps every engine full.
+    """
+    return vllm_config.scheduler_config.max_num_seqs * vllm_config.parallel_config.data_parallel_size
+
+
 class AlignmentService:
     def __init__(
         self, engine_client, tokenizer, served_model_names: list[str], limits: ServiceLimits
@@ -87,6 +98,7 @@ class AlignmentService:
         )
         self.served_model_names = served_model_names
         self.limits = limits
+        self.windows_in_flight = windows_in_flight(engine_client.vllm_config)
         self._requests_in_flight = 0
         self._requests_started = 0
         self._idle_tasks: set[asyncio.Task] = set()
@@ -278,7 +290,13 @@ class AlignmentService:
         ``plan`` and ``outputs``, the candidate kept of each and its output."""
         windows = [plan.windows[i] for i in pending]
         runs = [candidate for window in windows for candidate in window.candidates()]
-        finals = await asyncio.gather(*[self._generate(r, i) for r, i in zip(runs, ids, strict=True)])
+        slots = asyncio.Semaphore(self.windows_in_flight)
+
+        async def generate_in_turn(run: decoding.WindowRequest, request_id: str) -> Any:
+            async with slots:
+                return await self._generate(run, request_id)
+
+        finals = await asyncio.gather(*[generate_in_turn(r, i) for r, i in zip(runs, ids, strict=True)])
         probs = decoding.no_speech_probs(runs, await self.no_speech(decoding.no_speech_keys(runs)))
         run_outputs = [decoding.window_output(run, final, self.tokens, prob)
                        for run, final, prob in zip(runs, finals, probs, strict=True)]
