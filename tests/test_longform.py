@@ -199,6 +199,18 @@ def heard_plans(tokens, seconds: float):
     return longform.transcription_plans(samples, tokens, "en", [])
 
 
+def test_what_is_heard_is_read_greedily_without_retries(tokens):
+    """Pass 1 only locates the text: a window failing openai-whisper's thresholds is not sampled again
+    (each retry would cost another encoder pass)."""
+    from vllm_whisper_align.decoding import WindowOutput, fall_back
+
+    plans = heard_plans(tokens, 70)
+    for plan in plans:
+        improbable = [WindowOutput([1], [-3.0], avg_logprob=-3.0, compression_ratio=3.0)]
+        assert fall_back(plan, improbable, [0]) == ([], [])
+        assert plan.windows[0].temperature == 0.0
+
+
 def test_a_share_over_the_context_is_refused_with_its_window(tokens):
     plans = heard_plans(tokens, 70)
     assert len(plans) == 3 and all(len(p.windows) == 1 for p in plans)

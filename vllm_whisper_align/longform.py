@@ -54,6 +54,8 @@ ZONE_MARGIN_WORDS = 1
 ZONE_MAX_WORDS = 16
 # Floor of a log-probability when cutting zones (a window without a result scores this per word).
 MIN_LOGPROB = -1e4
+# What the model hears in each window is read at temperature 0 alone (see transcription_plans).
+GREEDY_ONLY = decoding.FallbackOptions(temperatures=(0.0,))
 
 
 def needs_windows(samples: np.ndarray) -> bool:
@@ -361,11 +363,18 @@ def check_method(alignment_method: str) -> None:
 def transcription_plans(
     samples: np.ndarray, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
 ) -> list[decoding.Plan]:
-    """One greedy transcription plan per window (no word timings): what the model hears in each."""
+    """One greedy transcription plan per window (no word timings): what the model hears in each.
+
+    Greedy only: a window that fails openai-whisper's thresholds is not sampled again at higher
+    temperatures. Its greedy words still locate the text (matching tolerates misheard words), and
+    each retry would cost the window another encoder pass, the larger part of its time here.
+    """
     plan = decoding.plan_transcription(
-        samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens
+        samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens,
+        fallback=GREEDY_ONLY,
     )
-    return [decoding.Plan([w], w.duration, plan.language, plan.task, False) for w in plan.windows]
+    return [decoding.Plan([w], w.duration, plan.language, plan.task, False, plan.fallback)
+            for w in plan.windows]
 
 
 def alignment_plans(
