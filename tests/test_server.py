@@ -670,22 +670,26 @@ def narrow_server(model_dir, tmp_path_factory):
         yield base
 
 
-def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server):
+@pytest.mark.parametrize("route", ["transcriptions", "alignments"])
+def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server, route):
     """A long recording's windows enter the engine as its earlier ones finish, at most as many as the
-    engine runs together (max_num_seqs = 2 here; 11 windows), so a request sent after it waits for
-    one round, not behind all of them; vLLM's own gauges show what the engine holds meanwhile."""
-    long_audio = wav_bytes(long_clip(280.0))
+    engine runs together (max_num_seqs = 2 here; 11 windows, in both passes of an alignment), so a
+    request sent after it waits for one round, not behind all of them; vLLM's own gauges show what
+    the engine holds meanwhile."""
+    long = long_clip(280.0)
+    long_audio = wav_bytes(long)
     short_clip = sentence_clips()[2]
 
     async def long_then_short() -> tuple[dict, dict, list[dict[str, float]]]:
         async with httpx.AsyncClient(timeout=900) as http:
-            def post(audio: bytes):
+            def post(audio: bytes, route: str = "transcriptions", **fields: str):
                 return http.post(
-                    f"{narrow_server}/v1/audio/transcriptions", files={"file": ("a.wav", audio, "audio/wav")},
-                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                    f"{narrow_server}/v1/audio/{route}", files={"file": ("a.wav", audio, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word", **fields},
                 )
 
-            long_request = asyncio.ensure_future(post(long_audio))
+            long_fields = {"text": long.text} if route == "alignments" else {}
+            long_request = asyncio.ensure_future(post(long_audio, route, **long_fields))
             held, short_request, answered_first = [], None, None
             while not long_request.done() and len(held) < 2000:
                 held.append(await asyncio.to_thread(engine_counts, narrow_server))

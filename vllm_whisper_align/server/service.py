@@ -234,8 +234,9 @@ class AlignmentService:
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
         heard = longform.transcription_plans(samples, self.tokens, language, self.suppress_tokens)
+        slots = asyncio.Semaphore(self.windows_in_flight)  # one request: its windows share them
         transcripts = await asyncio.gather(*[
-            self._run(p, f"{request_id}-h{k}") for k, p in enumerate(heard)
+            self._run(p, f"{request_id}-h{k}", slots) for k, p in enumerate(heard)
         ])
         try:
             # The text matching is NumPy work of up to seconds (30k words): off the event loop.
@@ -245,7 +246,7 @@ class AlignmentService:
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
         bodies = await asyncio.gather(*[
-            self._run(p, f"{request_id}-a{k}") for k, p in enumerate(plans) if p is not None
+            self._run(p, f"{request_id}-a{k}", slots) for k, p in enumerate(plans) if p is not None
         ])
         aligned = iter(bodies)
         bodies = [next(aligned) if p is not None else None for p in plans]
@@ -260,7 +261,12 @@ class AlignmentService:
             final = output
         return self.language_detection.language(final.outputs[0].token_ids)
 
-    async def _run(self, plan: decoding.Plan, request_id: str) -> dict[str, Any]:
+    async def _run(
+        self, plan: decoding.Plan, request_id: str, slots: asyncio.Semaphore | None = None
+    ) -> dict[str, Any]:
+        """The plan's windows through the engines, at most ``slots`` (one request's share, see
+        windows_in_flight) at a time, then the temperature fallback of those that need it."""
+        slots = slots or asyncio.Semaphore(self.windows_in_flight)
         outputs: list[decoding.WindowOutput | None] = [None] * len(plan.windows)
         pending, ids = list(range(len(plan.windows))), []
         try:
@@ -268,7 +274,7 @@ class AlignmentService:
             while pending:
                 ids = [f"{request_id}-{i}-{plan.windows[i].attempt}-{j}"
                        for i in pending for j in range(len(plan.windows[i].candidates()))]
-                await self._generate_windows(plan, outputs, pending, ids)
+                await self._generate_windows(plan, outputs, pending, ids, slots)
                 pending, superseded = decoding.fall_back(plan, outputs, pending)
                 await self.discard(superseded)
             await self.discard(decoding.dropped_keys(plan, outputs))
@@ -284,13 +290,12 @@ class AlignmentService:
         return await asyncio.to_thread(results.finish, plan, outputs, fetched, self.tokens)
 
     async def _generate_windows(
-        self, plan: decoding.Plan, outputs: list, pending: list[int], ids: list[str]
+        self, plan: decoding.Plan, outputs: list, pending: list[int], ids: list[str], slots: asyncio.Semaphore
     ) -> None:
-        """Runs the windows ``pending`` names (every candidate of each, under ``ids``) and stores, in
-        ``plan`` and ``outputs``, the candidate kept of each and its output."""
+        """Runs the windows ``pending`` names (every candidate of each, under ``ids``, as ``slots``
+        allow) and stores, in ``plan`` and ``outputs``, the candidate kept of each and its output."""
         windows = [plan.windows[i] for i in pending]
         runs = [candidate for window in windows for candidate in window.candidates()]
-        slots = asyncio.Semaphore(self.windows_in_flight)
 
         async def generate_in_turn(run: decoding.WindowRequest, request_id: str) -> Any:
             async with slots:
