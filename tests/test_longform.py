@@ -224,13 +224,12 @@ def test_a_share_over_the_context_is_refused_with_its_window(tokens):
 
 def fake_body(split, window: int, plan, first_start: float, spacing: float, probability: float = 0.9):
     """What results.finish returns for a window's share: words one after another from first_start."""
-    share = split.share(window)
     words, token_list, time = [], [], plan.windows[0].offset + first_start
-    for index in share:
-        word = split.words[index]
+    for index, word_tokens in split.items(window, split.fillers.get(window, ())):
+        text = split.words[index].text if index >= 0 else " filler"
         end = time + spacing / 2
-        words.append({"word": word.text, "start": time, "end": end, "probability": probability})
-        for token in word.tokens:
+        words.append({"word": text, "start": time, "end": end, "probability": probability})
+        for token in word_tokens:
             token_list.append({"id": token, "text": "", "start": time, "end": end,
                                "probability": probability})
         time += spacing
@@ -276,3 +275,51 @@ def test_finish_without_a_window_result(tokens):
     body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
     assert [w["aligned"] for w in body["words"]] == [True] * 3 + [False] * 3 + [True] * 3
     assert body["alignment_errors"] == ["no alignment"]
+
+
+def test_heard_words_not_in_the_text_are_found_with_the_word_they_precede():
+    """An aside the text does not hold: a run of heard words the edit path pairs with no given word.
+    Shorter runs (the model's own "uh") and misheard words (paired by substitution) are not."""
+    text = f"{numbered('a', 12)} {numbered('b', 12)}"
+    later_b = " ".join(f"b{i}" for i in range(6, 12))
+    heard = heard_of(f"{numbered('a', 12)} x0 x1 x2 x3 x4 x5 {numbered('b', 6)}", f"{later_b} uh um")
+    split = longform.split_text(words_of(text), heard)
+    assert split.aligned.all()
+    assert split.extra == [[(12, j) for j in range(12, 18)], []]  # before b0, window 0's heard 12..17
+    misheard = heard_of(f"{numbered('a', 12)} y0 y1 y2 y3 {numbered('b', 12)}")
+    given = words_of(f"{numbered('a', 12)} z0 z1 z2 z3 {numbered('b', 12)}")
+    assert longform.split_text(given, misheard).extra == [[]]
+
+
+def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
+    """The aside's heard words are forced in its window, between the text's words around it; the
+    answer holds the given words only, timed after the filler."""
+    plans = heard_plans(tokens, 70)
+    spoken = ["one two three four", "five six seven eight", "nine ten eleven twelve"]
+    aside = "what a lovely day it is outside"
+    bodies = [{"text": f"{spoken[0]} {aside} {spoken[1]}"}, {"text": ""}, {"text": spoken[2]}]
+    text = " ".join(spoken)
+    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+    items = split.items(0, split.fillers[0])
+    kinds = ["given" if index >= 0 else "filler" for index, _ in items]
+    assert kinds[:4] == ["given"] * 4 and kinds[4:11] == ["filler"] * 7 and set(kinds[11:]) <= {"given"}
+    forced = aligned_plans[0].windows[0].forced_tokens
+    assert forced == [t for _, word_tokens in items for t in word_tokens]
+    results = [fake_body(split, w, p, 1.0, 0.5) if p is not None else None
+               for w, p in enumerate(aligned_plans)]
+    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    assert "".join(w["word"] for w in body["words"]).strip() == text
+    assert all(w["aligned"] for w in body["words"])
+    starts = [w["start"] for w in body["words"]]
+    assert starts[4] == pytest.approx(plans[0].windows[0].offset + 1.0 + 11 * 0.5)  # after 4 + 7 words
+    assert len(body["tokens"]) == len(tokens.encode(" " + text))
+
+
+def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
+    plans = heard_plans(tokens, 70)
+    loop = " ".join(["thank you for watching"] * 120)  # an invented loop, far over the context
+    bodies = [{"text": f"alpha beta {loop} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
+    text = "alpha beta gamma delta epsilon zeta eta theta"
+    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+    assert split.extra[0] and not split.fillers.get(0)
+    assert all(index >= 0 for index, _ in split.items(0, split.fillers.get(0, ())))

@@ -133,8 +133,6 @@ def test_audio_not_in_the_text_gets_no_words(aside_case):
     assert (np.abs(starts - truth) <= 0.2).mean() >= 0.9
 
 
-@pytest.mark.xfail(strict=True, reason="the DTW gives an aside's frames to the words next to it (README: "
-                   "Long-form alignment, failure modes); fix: force unmatched heard words as hidden filler")
 def test_audio_not_in_the_text_does_not_drag_its_neighbours(aside_case):
     result, truth, (aside_start, aside_end) = aside_case
     starts = starts_of(result)

@@ -11,8 +11,11 @@ two engine passes, each a batch of all windows:
    given words are spread over the windows of the unmatched heard words between them, in proportion.
    Words near a window boundary whose side is uncertain (a *zone*) go into both windows. A long run of
    given words with hardly any heard counterpart is text that is not in the audio: aligned nowhere.
+   A run of heard words that pair with no given word is audio that is not in the text (an aside):
+   :func:`extra_audio`.
 3. :func:`alignment_plans`: each window's share of the text, teacher-forced on that window
-   (``decoding.plan_alignment``, its offset added).
+   (``decoding.plan_alignment``, its offset added), with the heard words of any aside forced as filler
+   in their place, so that the aside's frames go to them; fillers are never returned.
 4. :func:`finish`: each zone is cut where the two windows' teacher-forced log-probabilities of its
    words say (a word the window's audio does not hold gets a low one), and every given word comes
    back in order: from its window, or with ``aligned: false``, a zero-length span at the previous
@@ -25,13 +28,13 @@ Engine-agnostic: this module builds decoding Plans and reads the verbose_json bo
 from __future__ import annotations
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES
+from vllm_whisper_align.audio import N_SAMPLES, true_runs
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -52,6 +55,11 @@ LONE_MATCH_MAX_IMBALANCE = 2
 # counts disagree by; at most ZONE_MAX_WORDS per side.
 ZONE_MARGIN_WORDS = 1
 ZONE_MAX_WORDS = 16
+# At least this many heard words in a row that pair with no given word are audio that is not in the
+# text (an aside, a line the model invented over music): forced too, as filler, so that the DTW gives
+# their frames to them rather than to the text's words around them; they are not returned. Fewer are
+# the model's own extra words ("uh"), which cost their neighbours little.
+EXTRA_MIN_WORDS = 4
 # Floor of a log-probability when cutting zones (a window without a result scores this per word).
 MIN_LOGPROB = -1e4
 # What the model hears in each window is read at temperature 0 alone (see transcription_plans).
@@ -109,6 +117,12 @@ def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.
 
     A global minimum, not the longest common blocks first: transcripts repeat phrases, and a greedy
     block matcher pairs a phrase with the wrong repetition, shifting everything after it."""
+    ai, aj, _ = match(given, heard)
+    return ai, aj
+
+
+def match(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`anchors`, and every (given, heard) pair of the edit path, equal or substituted."""
     vocabulary: dict[str, int] = {}
     # Words that normalise to nothing (a lone dash) never match: each gets its own negative id.
     given_ids = np.array(
@@ -121,7 +135,7 @@ def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.
     equal = pairs[given_ids[pairs[:, 0]] == heard_ids[pairs[:, 1]]] if len(pairs) else pairs
     blocks = _blocks(equal)
     kept = [b for k, b in enumerate(blocks) if b[2] > 1 or _balanced(blocks, k, len(given), len(heard))]
-    return _pairs(kept)
+    return (*_pairs(kept), pairs)
 
 
 def _pairs(blocks: list[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -221,6 +235,20 @@ def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray)
     return skipped
 
 
+def extra_audio(pairs: np.ndarray, num_given: int, num_heard: int) -> list[tuple[int, int, int]]:
+    """Runs ``(lo, hi, before)`` of at least EXTRA_MIN_WORDS heard words that the edit path pairs with
+    no given word (neither equal nor substituted): audio that is not in the text. ``before`` is the
+    given word that follows the run (``num_given`` at the end)."""
+    paired = np.zeros(num_heard, dtype=bool)
+    paired[pairs[:, 1]] = True
+    runs = []
+    for lo, hi in zip(*true_runs(~paired), strict=True):
+        if hi - lo >= EXTRA_MIN_WORDS:
+            after = int(np.searchsorted(pairs[:, 1], hi))
+            runs.append((int(lo), int(hi), int(pairs[after, 0]) if after < len(pairs) else num_given))
+    return runs
+
+
 def _least_matched(matched: np.ndarray) -> tuple[int, int]:
     """[lo, hi) of the stretch of a run with the most unmatched words less MATCH_WEIGHT per match
     (maximum subarray): the spoken words misheard at its edges stay out of it."""
@@ -238,6 +266,12 @@ def _least_matched(matched: np.ndarray) -> tuple[int, int]:
 # ---------------------------------------------------------------------------- splitting
 
 
+# A word forced in a window: (index of the given word, or -1 for a filler; its token ids).
+Item = tuple[int, list[int]]
+# Heard words forced as filler: (index of the given word they precede; their token ids).
+Filler = tuple[int, list[int]]
+
+
 @dataclass
 class Split:
     """Where each given word may be: its window share, or nowhere."""
@@ -246,6 +280,11 @@ class Split:
     aligned: np.ndarray  # bool per word; False: not in the audio, forced in no window
     estimates: np.ndarray  # per boundary (window w | w + 1): first word estimated in window w + 1
     zones: np.ndarray  # per boundary: [lo, hi) of the words forced in both windows (lo == hi: none)
+    # Per window: heard words not in the text (extra_audio), as (the given word they precede, their
+    # index among the window's heard words); alignment_plans forces them as filler where they fit.
+    extra: list[list[tuple[int, int]]] = field(default_factory=list)
+    # Per window: the fillers its plan forces, as (the given word they precede, tokens).
+    fillers: dict[int, list[Filler]] = field(default_factory=dict)
 
     @property
     def num_windows(self) -> int:
@@ -260,13 +299,24 @@ class Split:
     def share_tokens(self, window: int) -> list[int]:
         return [t for i in self.share(window) for t in self.words[i].tokens]
 
+    def items(self, window: int, fillers: Sequence[Filler] = ()) -> list[Item]:
+        """The window's forced words in order as ``(given index, tokens)``: its share, with each filler
+        ``(the given word it precedes, tokens)`` before that word, marked -1."""
+        items: list[Item] = []
+        pending = list(fillers)
+        for index in self.share(window):
+            while pending and pending[0][0] <= index:
+                items.append((-1, list(pending.pop(0)[1])))
+            items.append((int(index), list(self.words[index].tokens)))
+        return items + [(-1, list(tokens)) for _, tokens in pending]
+
 
 def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
     """Given words over windows, from the normalised words heard in each window."""
     num_windows = len(heard)
     heard_all = [key for keys in heard for key in keys]
     heard_window = np.repeat(np.arange(num_windows), [len(keys) for keys in heard])
-    ai, aj = anchors([w.key for w in words], heard_all)
+    ai, aj, pairs = match([w.key for w in words], heard_all)
     aligned = ~not_in_audio(len(words), len(heard_all), ai, aj)
     ai, aj = ai[aligned[ai]], aj[aligned[ai]]  # matches inside text not in the audio are chance
     first_heard = np.searchsorted(heard_window, np.arange(num_windows + 1))  # per window; M at the end
@@ -288,7 +338,11 @@ def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
     # Boundaries never cross: window shares run forward.
     estimates = np.maximum.accumulate(estimates) if len(estimates) else estimates
     zones = np.maximum.accumulate(zones, axis=0) if len(zones) else zones
-    return Split(words, aligned, estimates, zones)
+    extra: list[list[tuple[int, int]]] = [[] for _ in range(num_windows)]
+    for lo, hi, before in extra_audio(pairs, len(words), len(heard_all)):
+        for j in range(lo, hi):
+            extra[heard_window[j]].append((before, j - first_heard[heard_window[j]]))
+    return Split(words, aligned, estimates, zones, extra)
 
 
 def _boundary(
@@ -384,7 +438,9 @@ def alignment_plans(
     """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
     as ``bodies``), and one alignment plan per window (None for a window without text)."""
     given = text_words(token_ids, tokens, language)
-    split = split_text(given, [heard_keys(body["text"], tokens, language) for body in bodies])
+    heard_words = [text_words(tokens.encode(" " + body["text"].strip()), tokens, language)
+                   if body["text"].strip() else [] for body in bodies]
+    split = split_text(given, [[w.key for w in words] for words in heard_words])
     room = MAX_DECODER_TOKENS - len(tokens.transcription_prompt(language)) - 1
     plans: list[decoding.Plan | None] = []
     for index, plan in enumerate(heard):
@@ -399,6 +455,11 @@ def alignment_plans(
                 f"{len(share)} tokens; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
                 "decoder context"
             )
+        fillers = [(before, heard_words[index][j].tokens) for before, j in split.extra[index]]
+        if len(share) + sum(len(t) for _, t in fillers) <= room:  # else the text alone, as before
+            split.fillers[index] = fillers
+        forced = split.items(index, split.fillers.get(index, ()))
+        share = [t for _, word_tokens in forced for t in word_tokens]
         aligned = decoding.plan_alignment(
             window.samples, tokens, token_ids=share, language=language, alignment_method=alignment_method
         )
@@ -454,31 +515,34 @@ def mark_aligned(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class _WindowWords:
-    """One window's alignment result, by given-word index."""
+    """One window's alignment result, by given-word index (its fillers are read past)."""
 
-    def __init__(self, share: np.ndarray, words: list[dict], tokens: list[dict], usable: bool):
-        self.share = {int(i): k for k, i in enumerate(share)}
+    def __init__(self, items: list[Item], words: list[dict], tokens: list[dict], usable: bool):
+        given = [(position, index) for position, (index, _) in enumerate(items) if index >= 0]
+        self.share = {index: position for position, index in given}  # given word -> item position
+        self.given_positions = np.array([position for position, _ in given], dtype=np.int64)
+        self.num_items = len(items)
         self.words, self.tokens, self.usable = words, tokens, usable
-        self.token_start = np.zeros(len(share) + 1, dtype=np.int64)
+        self.token_start = np.zeros(len(items) + 1, dtype=np.int64)
+        self.token_start[1:] = np.cumsum([len(item_tokens) for _, item_tokens in items])
         self.chosen: list[tuple[results.Word, list[float]]] = []
 
     @classmethod
     def read(cls, split: Split, window: int, body: dict[str, Any] | None) -> _WindowWords:
-        share = split.share(window)
+        items = split.items(window, split.fillers.get(window, ()))
         words, token_list = (body.get("words") or [], body.get("tokens") or []) if body else ([], [])
-        counts = [len(split.words[i].tokens) for i in share]
-        usable = body is not None and len(token_list) == sum(counts)
-        result = cls(share, words, token_list, usable)
-        result.token_start[1:] = np.cumsum(counts)
-        return result
+        usable = body is not None and len(token_list) == sum(len(item_tokens) for _, item_tokens in items)
+        return cls(items, words, token_list, usable)
 
     @property
     def logprobs(self) -> np.ndarray:
         """Teacher-forced log-probability of each share word (MIN_LOGPROB each without a result)."""
         if not self.usable:
             return np.full(len(self.share), MIN_LOGPROB)
+        if not self.num_items:
+            return np.zeros(0)
         token_logprobs = np.log(np.maximum([t["probability"] for t in self.tokens], 1e-30))
-        return np.add.reduceat(token_logprobs, self.token_start[:-1]) if len(self.share) else np.zeros(0)
+        return np.add.reduceat(token_logprobs, self.token_start[:-1])[self.given_positions]
 
     def take(self, index: int, word: TextWord) -> tuple[results.Word, list[results.TokenTiming]] | None:
         position = self.share.get(index)
@@ -486,7 +550,7 @@ class _WindowWords:
             return None
         pieces = self.tokens[self.token_start[position] : self.token_start[position + 1]]
         timings = [results.TokenTiming(**piece) for piece in pieces]
-        if len(self.words) == len(self.share):  # the word rules' times (durations, out of silence)
+        if len(self.words) == self.num_items:  # the word rules' times (durations, out of silence)
             timed = self.words[position]
             start, end, probability = timed["start"], timed["end"], timed["probability"]
         else:
