@@ -289,6 +289,15 @@ def test_heard_words_not_in_the_text_are_found_with_the_word_they_precede():
     misheard = heard_of(f"{numbered('a', 12)} y0 y1 y2 y3 {numbered('b', 12)}")
     given = words_of(f"{numbered('a', 12)} z0 z1 z2 z3 {numbered('b', 12)}")
     assert longform.split_text(given, misheard).extra == [[]]
+    # A sentence heard as garbage, longer than it is (tiny.en on words with pauses): the text's own
+    # words, misheard, not an aside: forced as filler they took its frames (start MAE 136 -> 374 ms).
+    garbled = heard_of(f"{numbered('a', 12)} {numbered('g', 12)} {numbered('b', 12)}")
+    given = words_of(f"{numbered('a', 12)} {numbered('s', 7)} {numbered('b', 12)}")
+    assert longform.split_text(given, garbled).extra == [[]]
+    # A sentence heard as a loop (tiny.en's "mad, mad, mad, ..." over words with pauses) is no aside.
+    loop = heard_of(f"{numbered('a', 12)} {' '.join(['mad'] * 150)} {numbered('b', 12)}")
+    given = words_of(f"{numbered('a', 12)} {numbered('s', 18)} {numbered('b', 12)}")
+    assert longform.split_text(given, loop).extra == [[]]
 
 
 def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
@@ -317,8 +326,10 @@ def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
 
 def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
     plans = heard_plans(tokens, 70)
-    loop = " ".join(["thank you for watching"] * 120)  # an invented loop, far over the context
-    bodies = [{"text": f"alpha beta {loop} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
+    rng = np.random.default_rng(0)  # a long aside of made-up words, far over the context (no loop)
+    aside = " ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(3, 8)))
+                     for _ in range(200))
+    bodies = [{"text": f"alpha beta {aside} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
     text = "alpha beta gamma delta epsilon zeta eta theta"
     split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
     assert split.extra[0] and not split.fillers.get(0)

@@ -11,7 +11,7 @@ two engine passes, each a batch of all windows:
    given words are spread over the windows of the unmatched heard words between them, in proportion.
    Words near a window boundary whose side is uncertain (a *zone*) go into both windows. A long run of
    given words with hardly any heard counterpart is text that is not in the audio: aligned nowhere.
-   A run of heard words that pair with no given word is audio that is not in the text (an aside):
+   Heard words with hardly any given counterpart are audio that is not in the text (an aside):
    :func:`extra_audio`.
 3. :func:`alignment_plans`: each window's share of the text, teacher-forced on that window
    (``decoding.plan_alignment``, its offset added), with the heard words of any aside forced as filler
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES, true_runs
+from vllm_whisper_align.audio import N_SAMPLES
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -55,11 +55,16 @@ LONE_MATCH_MAX_IMBALANCE = 2
 # counts disagree by; at most ZONE_MAX_WORDS per side.
 ZONE_MARGIN_WORDS = 1
 ZONE_MAX_WORDS = 16
-# At least this many heard words in a row that pair with no given word are audio that is not in the
-# text (an aside, a line the model invented over music): forced too, as filler, so that the DTW gives
-# their frames to them rather than to the text's words around them; they are not returned. Fewer are
-# the model's own extra words ("uh"), which cost their neighbours little.
+# Between two runs of SOLID_MATCH_WORDS matches, at least this many heard words against at most
+# EXTRA_MAX_GIVEN as many given words are audio that is not in the text (an aside, a line the model
+# invented over music): the heard words the edit path pairs with no given word are forced too, as
+# filler, so that the DTW gives their frames to them rather than to the text's words around them; they
+# are not returned. Fewer are the model's own extra words ("uh"); more given words make the stretch
+# speech the model misheard (its words are the text's, however garbled, and must keep their frames).
+# So is a stretch as repetitive as openai-whisper's fallback rule calls a loop ("mad, mad, mad, ..."
+# heard over a sentence): no aside.
 EXTRA_MIN_WORDS = 4
+EXTRA_MAX_GIVEN = 0.25
 # Floor of a log-probability when cutting zones (a window without a result scores this per word).
 MIN_LOGPROB = -1e4
 # What the model hears in each window is read at temperature 0 alone (see transcription_plans).
@@ -235,18 +240,32 @@ def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray)
     return skipped
 
 
-def extra_audio(pairs: np.ndarray, num_given: int, num_heard: int) -> list[tuple[int, int, int]]:
-    """Runs ``(lo, hi, before)`` of at least EXTRA_MIN_WORDS heard words that the edit path pairs with
-    no given word (neither equal nor substituted): audio that is not in the text. ``before`` is the
-    given word that follows the run (``num_given`` at the end)."""
+def extra_audio(
+    ai: np.ndarray, aj: np.ndarray, pairs: np.ndarray, num_given: int, heard: Sequence[str]
+) -> list[tuple[int, int]]:
+    """Heard words that are audio not in the text, as ``(heard index, given word that follows it)``:
+    in a stretch between solid runs of anchors ``(ai, aj)`` with EXTRA_MIN_WORDS or more heard words
+    and at most EXTRA_MAX_GIVEN as many given words, not a loop, those the edit path ``pairs`` with
+    no given word (``num_given`` follows the last ones)."""
+    num_heard = len(heard)
+    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
+    solid_given, solid_heard = _pairs(solid)
+    bounds_given = np.concatenate([[-1], solid_given, [num_given]])
+    bounds_heard = np.concatenate([[-1], solid_heard, [num_heard]])
+    run_given, run_heard = np.diff(bounds_given) - 1, np.diff(bounds_heard) - 1
     paired = np.zeros(num_heard, dtype=bool)
     paired[pairs[:, 1]] = True
-    runs = []
-    for lo, hi in zip(*true_runs(~paired), strict=True):
-        if hi - lo >= EXTRA_MIN_WORDS:
-            after = int(np.searchsorted(pairs[:, 1], hi))
-            runs.append((int(lo), int(hi), int(pairs[after, 0]) if after < len(pairs) else num_given))
-    return runs
+    extra = []
+    for k in np.flatnonzero((run_heard >= EXTRA_MIN_WORDS) & (run_given <= EXTRA_MAX_GIVEN * run_heard)):
+        stretch = range(bounds_heard[k] + 1, bounds_heard[k + 1])
+        repetition = decoding.compression_ratio(" ".join(heard[j] for j in stretch))
+        if repetition > decoding.COMPRESSION_RATIO_THRESHOLD:
+            continue
+        for j in stretch:
+            if not paired[j]:
+                after = int(np.searchsorted(pairs[:, 1], j))
+                extra.append((j, int(pairs[after, 0]) if after < len(pairs) else num_given))
+    return extra
 
 
 def _least_matched(matched: np.ndarray) -> tuple[int, int]:
@@ -339,9 +358,8 @@ def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
     estimates = np.maximum.accumulate(estimates) if len(estimates) else estimates
     zones = np.maximum.accumulate(zones, axis=0) if len(zones) else zones
     extra: list[list[tuple[int, int]]] = [[] for _ in range(num_windows)]
-    for lo, hi, before in extra_audio(pairs, len(words), len(heard_all)):
-        for j in range(lo, hi):
-            extra[heard_window[j]].append((before, j - first_heard[heard_window[j]]))
+    for j, before in extra_audio(ai, aj, pairs, len(words), heard_all):
+        extra[heard_window[j]].append((before, j - first_heard[heard_window[j]]))
     return Split(words, aligned, estimates, zones, extra)
 
 
