@@ -242,19 +242,34 @@ def test_no_speech_prob_is_high_on_silence_and_low_on_speech(aligner, clips):
     assert aligner.capture_stats()["no_speech_parked"] == 0
 
 
-def test_fallback_resubmits_only_the_failing_windows(aligner, clips):
-    """One generate call: the plan whose windows always fail (any text compresses worse than 0.01)
-    is decoded at every temperature of the schedule, the other only at 0; only the last attempt of
-    each window is aligned, and the captures of the superseded ones are freed."""
-    from vllm_whisper_align.decoding import FallbackOptions
+def test_fallback_resubmits_only_the_failing_windows(aligner, clips, monkeypatch):
+    """One generate call a round: the plan whose windows always fail (any text compresses worse than
+    0.01) is decoded at every temperature of the schedule, the other only at 0. The failing window
+    keeps its most likely attempt (all are "too repetitive" here, so the one of highest avg_logprob),
+    only that attempt is aligned, and the captures of the others are freed."""
+    from vllm_whisper_align import decoding
+    from vllm_whisper_align.decoding import FallbackOptions, temperature_schedule
 
     failing = FallbackOptions(compression_ratio_threshold=0.01)
     plans = [
         plan_transcription(clips[0].samples, aligner.tokens, language="en", fallback=failing),
         plan_transcription(clips[1].samples, aligner.tokens, language="en"),
     ]
+    attempts = {0: [], 1: []}  # per plan: (temperature, avg_logprob) of every attempt run
+    fall_back = decoding.fall_back
+
+    def recorded(plan, outputs, just_run):
+        for index in just_run:
+            which = next(k for k, candidate in enumerate(plans) if candidate is plan)
+            attempts[which].append((plan.windows[index].temperature, outputs[index].avg_logprob))
+        return fall_back(plan, outputs, just_run)
+
+    monkeypatch.setattr(decoding, "fall_back", recorded)
     retried, kept = aligner._run(plans, use_tqdm=False)
-    assert retried["segments"] and {s["temperature"] for s in retried["segments"]} == {1.0}, retried
+    assert [t for t, _ in attempts[0]] == pytest.approx(list(temperature_schedule()))
+    assert [t for t, _ in attempts[1]] == [0.0]
+    likeliest = max(attempts[0], key=lambda attempt: attempt[1])[0]
+    assert retried["words"] and {s["temperature"] for s in retried["segments"]} == {likeliest}, retried
     assert kept["words"] and {s["temperature"] for s in kept["segments"]} == {0.0}, kept
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
