@@ -136,8 +136,12 @@ class AlignmentCapture:
         """
         if self.tracked:
             return 0
-        return sum(memory.release_pages(*_host_buffer(t)) for t in self.q_slots + self.k_slots
-                   if t.device.type == "cpu")
+        return sum(memory.release_pages(*buffer) for buffer in self._host_buffers())
+
+    def _host_buffers(self) -> list[tuple[int, int]]:
+        """``(address, nbytes)`` of each slot tensor in host memory (none on GPU)."""
+        return [(t.data_ptr(), t.numel() * t.element_size()) for t in self.q_slots + self.k_slots
+                if t.device.type == "cpu"]
 
     def _take_slot(self) -> int | None:
         if not self.free_slots and not self._grow():
@@ -331,17 +335,11 @@ class AlignmentCapture:
             "slots": self.num_slots,
             "free_slots": len(self.free_slots),
             "slot_bytes": sum(t.numel() * t.element_size() for t in self.q_slots + self.k_slots),
-            "slot_resident_bytes": sum(memory.resident_bytes(*_host_buffer(t))
-                                       for t in self.q_slots + self.k_slots if t.device.type == "cpu"),
+            "slot_resident_bytes": sum(memory.resident_bytes(*buffer) for buffer in self._host_buffers()),
             "parked_bytes": sum(p.qk.nbytes for p in self.parked.values() if p.qk is not None),
             "no_speech_pending": len(self.no_speech_pending),
             "no_speech_parked": len(self.no_speech_parked),
         }
-
-
-def _host_buffer(tensor: torch.Tensor) -> tuple[int, int]:
-    """``(address, nbytes)`` of a contiguous tensor's memory."""
-    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
 
 
 def _step_rows(scheduler_output: Any, batch_req_ids: list[str]) -> Iterator[tuple[str, int, int | None, int]]:

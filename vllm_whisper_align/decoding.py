@@ -407,12 +407,17 @@ def compression_ratio(text: str) -> float:
 def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
     """openai-whisper's ``decode_with_fallback`` test: too repetitive or too improbable, unless the
     window is silence (then another temperature would only invent text)."""
-    too_repetitive = (options.compression_ratio_threshold is not None
-                      and output.compression_ratio > options.compression_ratio_threshold)
+    too_repetitive = is_too_repetitive(output, options)
     too_improbable = options.logprob_threshold is not None and output.avg_logprob < options.logprob_threshold
     silence = (options.no_speech_threshold is not None and output.no_speech_prob > options.no_speech_threshold
                and too_improbable)
     return (too_repetitive or too_improbable) and not silence
+
+
+def is_too_repetitive(output: WindowOutput, options: FallbackOptions) -> bool:
+    """openai-whisper's loop test: the text compresses too well."""
+    return (options.compression_ratio_threshold is not None
+            and output.compression_ratio > options.compression_ratio_threshold)
 
 
 def is_silent(output: WindowOutput, options: FallbackOptions) -> bool:
@@ -464,9 +469,7 @@ def _more_likely(latest, earlier, options: FallbackOptions):
 
     def rank(attempt: tuple[WindowRequest, WindowOutput]) -> tuple[bool, float]:
         output = attempt[1]
-        repetitive = (options.compression_ratio_threshold is not None
-                      and output.compression_ratio > options.compression_ratio_threshold)
-        return not repetitive, output.avg_logprob
+        return not is_too_repetitive(output, options), output.avg_logprob
 
     return (latest, earlier) if rank(latest) > rank(earlier) else (earlier, latest)
 

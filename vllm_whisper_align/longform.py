@@ -106,28 +106,23 @@ def text_words(token_ids: Sequence[int], tokens: WhisperTokens, language: str) -
     return [TextWord(t.word, t.tokens, normalise(t.word)) for t in timings]
 
 
-def heard_keys(text: str, tokens: WhisperTokens, language: str) -> list[str]:
-    """Normalised words of a window's transcript, grouped as the given text's words are."""
+def heard_words(text: str, tokens: WhisperTokens, language: str) -> list[TextWord]:
+    """Words of a window's transcript, grouped as the given text's words are."""
     if not text.strip():
         return []
-    return [w.key for w in text_words(tokens.encode(" " + text.strip()), tokens, language)]
+    return text_words(tokens.encode(" " + text.strip()), tokens, language)
 
 
 # ---------------------------------------------------------------------------- matching
 
 
-def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+def anchors(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Indices (given, heard) of matched words, increasing in both: the equal pairs of a minimum
-    edit-distance alignment (:func:`edit_path`), less lone matches that would split a skipped run.
+    edit-distance alignment (:func:`edit_path`), less lone matches that would split a skipped run;
+    and every pair of that alignment, equal or substituted.
 
     A global minimum, not the longest common blocks first: transcripts repeat phrases, and a greedy
     block matcher pairs a phrase with the wrong repetition, shifting everything after it."""
-    ai, aj, _ = match(given, heard)
-    return ai, aj
-
-
-def match(given: Sequence[str], heard: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`anchors`, and every (given, heard) pair of the edit path, equal or substituted."""
     vocabulary: dict[str, int] = {}
     # Words that normalise to nothing (a lone dash) never match: each gets its own negative id.
     given_ids = np.array(
@@ -226,12 +221,7 @@ def not_in_audio(num_given: int, num_heard: int, ai: np.ndarray, aj: np.ndarray)
     ("the", "of the") through the heard words around it, which would cut it into short runs."""
     matched = np.zeros(num_given, dtype=bool)
     matched[ai] = True
-    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
-    ai, aj = _pairs(solid)
-    bounds_given = np.concatenate([[-1], ai, [num_given]])
-    bounds_heard = np.concatenate([[-1], aj, [num_heard]])
-    run_given = np.diff(bounds_given) - 1
-    run_heard = np.diff(bounds_heard) - 1
+    bounds_given, bounds_heard, run_given, run_heard = _solid_stretches(ai, aj, num_given, num_heard)
     skipped = np.zeros(num_given, dtype=bool)
     for k in np.flatnonzero((run_given >= SKIP_MIN_WORDS) & (run_heard <= SKIP_MAX_HEARD * run_given)):
         lo, hi = _least_matched(matched[bounds_given[k] + 1 : bounds_given[k + 1]])
@@ -248,11 +238,7 @@ def extra_audio(
     and at most EXTRA_MAX_GIVEN as many given words, not a loop, those the edit path ``pairs`` with
     no given word (``num_given`` follows the last ones)."""
     num_heard = len(heard)
-    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
-    solid_given, solid_heard = _pairs(solid)
-    bounds_given = np.concatenate([[-1], solid_given, [num_given]])
-    bounds_heard = np.concatenate([[-1], solid_heard, [num_heard]])
-    run_given, run_heard = np.diff(bounds_given) - 1, np.diff(bounds_heard) - 1
+    _, bounds_heard, run_given, run_heard = _solid_stretches(ai, aj, num_given, num_heard)
     paired = np.zeros(num_heard, dtype=bool)
     paired[pairs[:, 1]] = True
     extra = []
@@ -266,6 +252,19 @@ def extra_audio(
                 after = int(np.searchsorted(pairs[:, 1], j))
                 extra.append((j, int(pairs[after, 0]) if after < len(pairs) else num_given))
     return extra
+
+
+def _solid_stretches(
+    ai: np.ndarray, aj: np.ndarray, num_given: int, num_heard: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The stretches between runs of SOLID_MATCH_WORDS or more anchors: their bounds (the anchor
+    before each, -1 at the start, and the end) in given and in heard words, and how many of each
+    every stretch holds."""
+    solid = [b for b in _blocks(np.stack([ai, aj], axis=1)) if b[2] >= SOLID_MATCH_WORDS]
+    solid_given, solid_heard = _pairs(solid)
+    bounds_given = np.concatenate([[-1], solid_given, [num_given]])
+    bounds_heard = np.concatenate([[-1], solid_heard, [num_heard]])
+    return bounds_given, bounds_heard, np.diff(bounds_given) - 1, np.diff(bounds_heard) - 1
 
 
 def _least_matched(matched: np.ndarray) -> tuple[int, int]:
@@ -335,7 +334,7 @@ def split_text(words: list[TextWord], heard: Sequence[Sequence[str]]) -> Split:
     num_windows = len(heard)
     heard_all = [key for keys in heard for key in keys]
     heard_window = np.repeat(np.arange(num_windows), [len(keys) for keys in heard])
-    ai, aj, pairs = match([w.key for w in words], heard_all)
+    ai, aj, pairs = anchors([w.key for w in words], heard_all)
     aligned = ~not_in_audio(len(words), len(heard_all), ai, aj)
     ai, aj = ai[aligned[ai]], aj[aligned[ai]]  # matches inside text not in the audio are chance
     first_heard = np.searchsorted(heard_window, np.arange(num_windows + 1))  # per window; M at the end
@@ -456,9 +455,8 @@ def alignment_plans(
     """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
     as ``bodies``), and one alignment plan per window (None for a window without text)."""
     given = text_words(token_ids, tokens, language)
-    heard_words = [text_words(tokens.encode(" " + body["text"].strip()), tokens, language)
-                   if body["text"].strip() else [] for body in bodies]
-    split = split_text(given, [[w.key for w in words] for words in heard_words])
+    transcribed = [heard_words(body["text"], tokens, language) for body in bodies]
+    split = split_text(given, [[w.key for w in words] for words in transcribed])
     room = MAX_DECODER_TOKENS - len(tokens.transcription_prompt(language)) - 1
     plans: list[decoding.Plan | None] = []
     for index, plan in enumerate(heard):
@@ -473,7 +471,7 @@ def alignment_plans(
                 f"{len(share)} tokens; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
                 "decoder context"
             )
-        fillers = [(before, heard_words[index][j].tokens) for before, j in split.extra[index]]
+        fillers = [(before, transcribed[index][j].tokens) for before, j in split.extra[index]]
         if len(share) + sum(len(t) for _, t in fillers) <= room:  # else the text alone, as before
             split.fillers[index] = fillers
         forced = split.items(index, split.fillers.get(index, ()))
