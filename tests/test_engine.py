@@ -299,3 +299,19 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
     assert result["text"].strip() == texts[best], (texts, best)
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
+
+
+def test_a_repeated_window_takes_its_encoder_output_from_the_cache(aligner, clips):
+    """The second request on the same audio (as a fallback retry, or long-form alignment's second
+    pass) does not run the encoder: the first misses the cache, the second hits it, and both answer
+    the same."""
+    samples = clips[3].samples.copy()
+    samples[:160] += 1e-4  # audio no other test has sent
+    runs, counts = [], []
+    for _ in range(2):
+        before = aligner.capture_stats()
+        runs.append(aligner.transcribe([samples], language="en", **GREEDY)[0])
+        after = aligner.capture_stats()
+        counts.append(tuple(after[k] - before[k] for k in ("encoder_cache_misses", "encoder_cache_hits")))
+    assert counts == [(1, 0), (0, 1)]
+    assert runs[0]["words"] and runs[1]["text"] == runs[0]["text"] and runs[1]["words"] == runs[0]["words"]

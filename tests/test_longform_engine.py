@@ -55,7 +55,10 @@ def continuous_clip(num_words: int) -> SpokenClip:
 
 
 def check_long_form(aligner, clip: SpokenClip, label: str) -> np.ndarray:
+    before = aligner.capture_stats()["encoder_cache_hits"]
     result = aligner.align([clip.samples], [clip.text])[0]
+    # The second pass found every window's encoder output from the first in the cache.
+    assert aligner.capture_stats()["encoder_cache_hits"] - before >= len(chunk_audio(clip.samples))
     errors = start_errors_in_order(clip, result)
     assert all(w["aligned"] for w in result["words"])
     assert np.all(np.diff(starts_of(result)) >= 0)

@@ -60,6 +60,14 @@ def test_unknown_plugin_options_are_refused():
         WhisperAlignConfig.from_additional_config({"whisper_align": {"result_tl_s": 1}})
 
 
+@pytest.mark.parametrize("value", [-1, 1.5, "64", True])
+def test_encoder_cache_size_must_be_whole_mib(value):
+    off = WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": 0}})
+    assert off.encoder_cache_mib == 0
+    with pytest.raises(ValueError, match="encoder_cache_mib must be a whole number of MiB"):
+        WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": value}})
+
+
 def test_unsupported_vllm_is_refused_with_the_supported_versions():
     vllm_adapter.check_vllm()  # the installed one
     with pytest.raises(

@@ -237,6 +237,9 @@ def test_server_processes_stay_lean(server, clips):
         assert after["kv_cache_releases"] > before["kv_cache_releases"]
         assert after["kv_cache_bytes"] > 0
         assert after["kv_cache_resident_bytes"] < 0.05 * after["kv_cache_bytes"], after
+        # Nothing is repeated once idle: the encoder cache is empty, and the next request misses it.
+        assert after["encoder_cache_entries"] == after["encoder_cache_bytes"] == 0, after
+        assert after["encoder_cache_misses"] > before["encoder_cache_misses"], after
     assert answers[1]["text"] == answers[0]["text"] and answers[1]["words"] == answers[0]["words"]
     assert np.isfinite(start_errors(clips[2], answers[1]["words"])).mean() >= 0.85, answers[1]  # all heard
 

@@ -438,7 +438,7 @@ def transcription_plans(
 
     Greedy only: a window that fails openai-whisper's thresholds is not sampled again at higher
     temperatures. Its greedy words still locate the text (matching tolerates misheard words), and
-    each retry would cost the window another encoder pass, the larger part of its time here.
+    each retry would decode the window again.
     """
     plan = decoding.plan_transcription(
         samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens,
@@ -482,6 +482,13 @@ def alignment_plans(
         aligned.windows[0].offset = window.offset
         plans.append(aligned)
     return split, plans
+
+
+def second_pass_order(plans: Sequence[decoding.Plan | None]) -> list[int]:
+    """Indices of the windows to align (those with text), last transcribed first: when a recording has
+    more windows than the engine's encoder cache holds (``encoder_cache``), the cache has kept the
+    newest, and these come back before the least recently used are dropped to make room."""
+    return [k for k in range(len(plans) - 1, -1, -1) if plans[k] is not None]
 
 
 # ---------------------------------------------------------------------------- joining

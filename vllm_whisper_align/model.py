@@ -21,6 +21,7 @@ from vllm.model_executor.models.whisper import (
 )
 
 from vllm_whisper_align.capture import AlignmentCapture
+from vllm_whisper_align.encoder_cache import EncoderOutputCache, encode_with_cache
 from vllm_whisper_align.heads import captured_heads, resolve_alignment_heads
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import WhisperAlignConfig
@@ -107,6 +108,7 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         self.captured_heads = captured_heads(
             self.alignment_heads, config.decoder_layers, config.decoder_attention_heads
         )
+        self.encoder_cache = self._encoder_cache(vllm_config)
         self.alignment_capture: AlignmentCapture | None = None
         if get_tensor_model_parallel_world_size() > 1:
             # Heads are split across ranks; gathering them is not implemented yet.
@@ -121,12 +123,33 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             self.alignment_capture.hidden[: hidden_states.shape[0]].copy_(hidden_states)
         return hidden_states
 
+    def embed_multimodal(self, **kwargs: object):
+        """vLLM's encoder pass, run only on the inputs whose output the encoder cache lacks."""
+        if self.encoder_cache is None:
+            return super().embed_multimodal(**kwargs)
+        features = self._parse_and_validate_audio_input(**kwargs)["input_features"]
+        inputs = list(features.unbind(0)) if isinstance(features, torch.Tensor) else list(features)
+        return tuple(encode_with_cache(
+            self.encoder_cache, inputs, lambda batch: self.model.get_encoder_outputs(batch).unbind(0)
+        ))
+
     def load_weights(self, weights):
         loaded = super().load_weights(weights)
         if self.align_config.encoder_int8:
             swapped = quantize_encoder_linears(self.model.encoder)
             logger.info("Encoder: %d linear layers in int8 (dynamic per-token activations)", swapped)
         return loaded
+
+    def _encoder_cache(self, vllm_config: VllmConfig) -> EncoderOutputCache | None:
+        mib = self.align_config.encoder_cache_mib
+        if not mib:
+            return None
+        if vllm_config.device_config.device_type != "cpu":
+            # Held outside vLLM's memory accounting, which sizes the KV cache to what a GPU has left;
+            # never run on a GPU either (none was lent to this project).
+            logger.info("Encoder cache: off (CPU only)")
+            return None
+        return EncoderOutputCache(mib << 20)
 
     def _install_capture(self, vllm_config: VllmConfig) -> None:
         scheduler_config = vllm_config.scheduler_config

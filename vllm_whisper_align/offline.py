@@ -213,12 +213,16 @@ class WhisperAligner:
             )
             for plans, ids in zip(heard, given_ids, strict=True)
         ]
-        runnable = [p for _, plans in splits for p in plans if p is not None]
-        aligned = iter(self._run(runnable, use_tqdm=False))
+        windows = [p for _, plans in splits for p in plans]
+        order = longform.second_pass_order(windows)
+        bodies: list[dict | None] = [None] * len(windows)
+        for k, body in zip(order, self._run([windows[k] for k in order], use_tqdm=False), strict=True):
+            bodies[k] = body
+        window_bodies = iter(bodies)
         return [
             longform.finish(
-                split, plans, [next(aligned) if p is not None else None for p in plans], self.tokens,
-                len(s) / SAMPLE_RATE, language,
+                split, plans, [next(window_bodies) for _ in plans], self.tokens, len(s) / SAMPLE_RATE,
+                language,
             )
             for (split, plans), s in zip(splits, samples, strict=True)
         ]

@@ -47,6 +47,11 @@ def alignment_capture_of(worker_wrapper: Any):
     return vllm_adapter.model_attribute(worker_wrapper, "alignment_capture")
 
 
+def encoder_cache_of(worker_wrapper: Any):
+    """The loaded model's EncoderOutputCache, or None (off, not on CPU, another model)."""
+    return vllm_adapter.model_attribute(worker_wrapper, "encoder_cache")
+
+
 def _after_step(worker_wrapper: Any, scheduler_output: Any) -> None:
     global _last_step_at
     _last_step_at = time.monotonic()
@@ -83,8 +88,10 @@ def _discard(self, keys: list[str]) -> int:
 
 def _stats(self) -> dict[str, int]:
     buffers = vllm_adapter.kv_cache_buffers(self)
+    encoder_cache = encoder_cache_of(self)
     return {
         **_require_capture(self).stats(),
+        **(encoder_cache.stats() if encoder_cache is not None else {}),
         "heap_returns": _heap_returns, "kv_cache_releases": _kv_cache_releases,
         "kv_cache_bytes": sum(nbytes for _, nbytes in buffers),
         "kv_cache_resident_bytes": sum(memory.resident_bytes(*buffer) for buffer in buffers),
@@ -100,7 +107,7 @@ _last_step_at: float | None = None
 
 def _return_idle_memory(self) -> bool:
     """Freed heap back to the OS and, if no step has run for a while, the pages of the KV cache and of
-    the capture pool too.
+    the capture pool, and the encoder cache, too.
 
     The API server asks once it has had no request in flight for IDLE_BEFORE_RETURNING_MEMORY_S. The
     worker checks its own side: a request that holds KV blocks runs a step every scheduler loop, so
@@ -109,8 +116,11 @@ def _return_idle_memory(self) -> bool:
     """
     global _heap_returns, _kv_cache_releases
     _heap_returns += 1
-    returned = memory.return_freed_heap()
-    if _last_step_at is None or time.monotonic() - _last_step_at >= memory.IDLE_BEFORE_RETURNING_MEMORY_S:
+    idle = _last_step_at is None or time.monotonic() - _last_step_at >= memory.IDLE_BEFORE_RETURNING_MEMORY_S
+    encoder_cache = encoder_cache_of(self)
+    cleared = encoder_cache.clear() if idle and encoder_cache is not None else 0  # before the heap goes
+    returned = memory.return_freed_heap() or cleared > 0
+    if idle:
         released = sum(memory.release_pages(*buffer) for buffer in vllm_adapter.kv_cache_buffers(self))
         _kv_cache_releases += released > 0
         capture = alignment_capture_of(self)

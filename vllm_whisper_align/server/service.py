@@ -245,11 +245,11 @@ class AlignmentService:
             )
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
-        bodies = await asyncio.gather(*[
-            self._run(p, f"{request_id}-a{k}", slots) for k, p in enumerate(plans) if p is not None
-        ])
-        aligned = iter(bodies)
-        bodies = [next(aligned) if p is not None else None for p in plans]
+        order = longform.second_pass_order(plans)
+        aligned = await asyncio.gather(*[self._run(plans[k], f"{request_id}-a{k}", slots) for k in order])
+        bodies: list[dict[str, Any] | None] = [None] * len(plans)
+        for k, body in zip(order, aligned, strict=True):
+            bodies[k] = body
         return await asyncio.to_thread(
             longform.finish, split, plans, bodies, self.tokens, len(samples) / SAMPLE_RATE, language
         )
