@@ -17,12 +17,15 @@ from silence import state_total_samples, write_silent_flac
 from speech import long_clip, sentence_clips, write_wav
 from vllm_whisper_align.audio import (
     CHUNK_SECONDS,
+    N_SAMPLES,
+    SPILL_AFTER_WINDOWS,
     HOP_LENGTH,
     MIN_CHUNK_SECONDS,
     SAMPLE_RATE,
     AudioChunk,
     AudioError,
     AudioTooLongError,
+    SpilledSamples,
     chunk_audio,
     decode_audio,
     num_mel_frames,
@@ -348,12 +351,12 @@ def four_hour_flacs(tmp_path_factory):
     return files
 
 
-def _decode_traced(source, max_seconds):
+def _decode_traced(source, max_seconds, spill=False):
     """(decoded samples or the AudioError raised, seconds taken, peak bytes numpy allocated)."""
     tracemalloc.start()
     started = time.perf_counter()
     try:
-        outcome = decode_audio(source, max_seconds=max_seconds)
+        outcome = decode_audio(source, max_seconds=max_seconds, spill=spill)
     except AudioError as error:
         outcome = error
     elapsed = time.perf_counter() - started
@@ -396,6 +399,50 @@ def test_audio_within_the_limit_is_decoded_whole(tmp_path, clip):
         decode_audio(path, max_seconds=clip.duration - 0.01)
     with pytest.raises(ValueError):
         decode_audio(path, max_seconds=0)
+
+
+# --- long recordings in a temporary file ----------------------------------------------------
+
+WINDOW_BYTES = N_SAMPLES * 4  # one 30 s window of float32 samples
+
+
+@pytest.mark.parametrize("kind", ["flac", "mp3"])  # libsndfile's path and FFmpeg's
+def test_a_long_recording_spills_to_a_file_and_reads_back_the_same(tmp_path, kind):
+    long = long_clip(SPILL_AFTER_WINDOWS * CHUNK_SECONDS + 20)
+    path = tmp_path / f"long.{kind}"
+    encode(path, long.samples, kind)
+    in_memory, spilled = decode_audio(path), decode_audio(path, spill=True)
+    assert isinstance(spilled, SpilledSamples) and len(spilled) == len(in_memory)
+    np.testing.assert_array_equal(spilled[:], in_memory)
+    np.testing.assert_array_equal(spilled[1234:N_SAMPLES + 99], in_memory[1234:N_SAMPLES + 99])
+    assert len(spilled[len(spilled) - 5 : len(spilled) + 5]) == 5
+    windows, spilled_windows = chunk_audio(in_memory), chunk_audio(spilled)
+    assert [(c.start, c.stop) for c in spilled_windows] == [(c.start, c.stop) for c in windows]
+    for window, spilled_window in zip(windows, spilled_windows, strict=True):
+        np.testing.assert_array_equal(spilled_window.samples, window.samples)
+    short = tmp_path / f"short.{kind}"
+    encode(short, long.samples[: SPILL_AFTER_WINDOWS * N_SAMPLES - SAMPLE_RATE], kind)
+    assert isinstance(decode_audio(short, spill=True), np.ndarray)  # no file for what fits a few windows
+
+
+@pytest.fixture(scope="module")
+def one_hour_flacs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hour")
+    files = {rate: folder / f"hour-{rate}.flac" for rate in (16000, 8000)}
+    for rate, path in files.items():
+        write_silent_flac(path, 3600, rate)
+    return files
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_a_spilled_recording_never_holds_more_than_a_few_windows(one_hour_flacs, rate):
+    """An hour decodes to 230 MB of float32; spilled, decoding holds a few windows' worth at most
+    (libsndfile's 1M-frame blocks; FFmpeg's frames) besides the input's copy."""
+    path = one_hour_flacs[rate]
+    spilled, _, peak = _decode_traced(path, max_seconds=None, spill=True)
+    assert isinstance(spilled, SpilledSamples) and len(spilled) == 3600 * SAMPLE_RATE
+    assert peak < 8 * WINDOW_BYTES, peak / WINDOW_BYTES  # 4 held before the file opens, blocks
+    assert not spilled[len(spilled) - N_SAMPLES :].any()
 
 
 # --- mel frames ------------------------------------------------------------------------

@@ -4,8 +4,11 @@ Everything here works on float32 mono samples at 16 kHz, the only input
 Whisper's feature extractor accepts.
 """
 
+from __future__ import annotations
+
 import io
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Union
@@ -41,9 +44,14 @@ MIN_CHUNK_SECONDS = 1.0
 
 # libsndfile reads this many frames at a time, averaging channels per block, so a file with
 # many channels never holds more than one block of them interleaved.
-READ_BLOCK_FRAMES = 1 << 20
+READ_BLOCK_FRAMES = 1 << 18
 # libsndfile's SF_COUNT_MAX: the frame count of a FLAC whose header has no sample count.
 _UNKNOWN_FRAMES = 2**63 - 1
+
+# Decoded audio longer than this many windows goes to a temporary file when the caller asks
+# (``decode_audio``'s ``spill``; the server does): 3 hours are 691 MB of float32, which it would
+# otherwise hold per request while the windows run a few at a time.
+SPILL_AFTER_WINDOWS = 4
 
 # Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
@@ -90,8 +98,9 @@ def num_mel_frames(num_samples: int) -> int:
 
 
 def decode_audio(
-    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None
-) -> np.ndarray:
+    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None,
+    spill: bool = False,
+) -> np.ndarray | SpilledSamples:
     """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
 
     Any container/codec FFmpeg knows works (wav, flac, mp3, ogg, m4a/aac, webm/opus...).
@@ -99,20 +108,64 @@ def decode_audio(
     Audio longer than ``max_seconds`` raises AudioTooLongError: at once when the container's
     header says so, else as soon as decoding passes the bound, so time and memory stay about
     the bound's worth of samples whatever the file holds or claims.
+    With ``spill``, audio longer than SPILL_AFTER_WINDOWS windows comes back as SpilledSamples:
+    written to a temporary file as it is decoded, never whole in memory.
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"max_seconds must be positive, got {max_seconds}")
     bound = _Bound(max_seconds, sample_rate)
+    spill_after = SPILL_AFTER_WINDOWS * CHUNK_SECONDS * sample_rate if spill else None
     name, opened = _open_source(source)
-    samples = _decode_with_soundfile(opened, sample_rate, bound)
-    if samples is None:
-        samples = _decode_with_pyav(opened, name, sample_rate, bound)
-    # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
-    # which would poison every mel frame they touch.
-    np.nan_to_num(samples, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
-    return np.clip(samples, -1.0, 1.0, out=samples)
+    decoded = _decode_with_soundfile(opened, sample_rate, _Decoded(bound, spill_after))
+    if decoded is None:
+        decoded = _decode_with_pyav(opened, name, sample_rate, _Decoded(bound, spill_after))
+    return decoded.samples()
+
+
+class SpilledSamples:
+    """Float32 samples in an unlinked temporary file (tempfile's directory, where Starlette spools
+    uploads too). Slicing reads a copy of the slice back, so only what is in use is in memory;
+    ``AudioChunk`` keeps windows as positions. Reads are positional (``os.preadv``): threads may
+    share one."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self):
+        # Open for the object's life; unlinked already, so it leaves the disk when this is collected.
+        self._file = tempfile.TemporaryFile(prefix="vllm-whisper-align-audio-")  # noqa: SIM115
+        self._length = 0
+
+    def append(self, piece: np.ndarray) -> None:
+        self._file.write(memoryview(np.ascontiguousarray(piece, dtype=np.float32)).cast("B"))
+        self._length += len(piece)
+
+    def finish(self) -> SpilledSamples:
+        self._file.flush()
+        return self
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self._length,)
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        if not isinstance(key, slice):
+            raise TypeError("SpilledSamples are read by slices")
+        start, stop, step = key.indices(self._length)
+        if step != 1:
+            raise ValueError("SpilledSamples are read by contiguous slices")
+        samples = np.empty(max(0, stop - start), dtype=np.float32)
+        view, position = memoryview(samples).cast("B"), start * samples.itemsize
+        while len(view):
+            count = os.preadv(self._file.fileno(), [view], position)
+            if count <= 0:
+                raise OSError(f"temporary audio file ended at byte {position}")
+            view, position = view[count:], position + count
+        return samples
 
 
 @dataclass(frozen=True)
@@ -132,20 +185,34 @@ class _Bound:
 
 
 class _Decoded:
-    """Mono pieces as they are decoded, counted so that decoding stops at the bound."""
+    """Mono pieces as they are decoded, counted so that decoding stops at the bound, and written to
+    SpilledSamples once there are more than ``spill_after`` (None: kept in memory)."""
 
-    def __init__(self, bound: _Bound):
+    def __init__(self, bound: _Bound, spill_after: int | None = None):
         self.bound = bound
+        self.spill_after = spill_after
         self.pieces: list[np.ndarray] = []
+        self.spilled: SpilledSamples | None = None
         self.num_samples = 0
 
     def add(self, pieces: Iterable[np.ndarray]) -> None:
         for piece in pieces:
             self.num_samples += len(piece)
             self.bound.check_decoded(self.num_samples)
-            self.pieces.append(piece)
+            # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
+            # which would poison every mel frame they touch.
+            piece = piece.astype(np.float32, copy=not piece.flags.writeable)
+            np.nan_to_num(piece, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+            self.pieces.append(np.clip(piece, -1.0, 1.0, out=piece))
+            if self.spill_after is not None and self.num_samples > self.spill_after:
+                self.spilled = self.spilled or SpilledSamples()
+                for held in self.pieces:
+                    self.spilled.append(held)
+                self.pieces = []
 
-    def samples(self) -> np.ndarray:
+    def samples(self) -> np.ndarray | SpilledSamples:
+        if self.spilled is not None:
+            return self.spilled.finish()
         return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
 
 
@@ -183,7 +250,7 @@ def _open_source(source: AudioSource) -> tuple[str, Union[str, io.BytesIO]]:
     return name, io.BytesIO(data)
 
 
-def _decode_with_soundfile(opened, sample_rate: int, bound: _Bound):
+def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Decoded | None:
     """Exact fast path for wav/flac already at `sample_rate`; None means use FFmpeg.
 
     The duration bound is checked on the header of any wav/flac, whatever its rate: their
@@ -200,10 +267,10 @@ def _decode_with_soundfile(opened, sample_rate: int, bound: _Bound):
             if audio.format not in _SOUNDFILE_FORMATS:
                 return None
             if 0 <= audio.frames < _UNKNOWN_FRAMES:
-                bound.check_header(audio.frames / audio.samplerate)
+                decoded.bound.check_header(audio.frames / audio.samplerate)
             if audio.samplerate != sample_rate:
                 return None
-            return _read_mono(audio, bound)
+            return _read_mono(audio, decoded)
     except AudioError:
         raise
     except Exception:  # anything libsndfile rejects may still be FFmpeg-readable
@@ -213,11 +280,10 @@ def _decode_with_soundfile(opened, sample_rate: int, bound: _Bound):
             opened.seek(0)
 
 
-def _read_mono(audio, bound: _Bound) -> np.ndarray:
-    decoded = _Decoded(bound)
+def _read_mono(audio, decoded: _Decoded) -> _Decoded:
     while len(block := audio.read(READ_BLOCK_FRAMES, dtype="float32", always_2d=True)):
         decoded.add([block.mean(axis=1, dtype=np.float32)])
-    return decoded.samples()
+    return decoded
 
 
 def _has_wav_or_flac_header(opened) -> bool:
@@ -233,7 +299,7 @@ def _has_wav_or_flac_header(opened) -> bool:
     return is_wav or header[:4] == b"fLaC"
 
 
-def _decode_with_pyav(opened, name: str, sample_rate: int, bound: _Bound) -> np.ndarray:
+def _decode_with_pyav(opened, name: str, sample_rate: int, decoded: _Decoded) -> _Decoded:
     import av
 
     try:
@@ -247,8 +313,8 @@ def _decode_with_pyav(opened, name: str, sample_rate: int, bound: _Bound) -> np.
                 raise AudioError(
                     f"could not decode {name} as audio: implausible sample rate {stream.rate} Hz"
                 )
-            bound.check_header(_stated_seconds(container, stream))
-            return _decode_stream(container, stream, name, sample_rate, bound)
+            decoded.bound.check_header(_stated_seconds(container, stream))
+            return _decode_stream(container, stream, name, sample_rate, decoded)
     except AudioError:
         raise
     except Exception as error:  # FFmpeg reports junk input through many exception types
@@ -271,7 +337,7 @@ def _stated_seconds(container, stream) -> float | None:
     return None
 
 
-def _decode_stream(container, stream, name: str, sample_rate: int, bound: _Bound) -> np.ndarray:
+def _decode_stream(container, stream, name: str, sample_rate: int, decoded: _Decoded) -> _Decoded:
     import av
 
     # Keep the channels and average them ourselves: FFmpeg's float downmix weights each
@@ -279,7 +345,6 @@ def _decode_stream(container, stream, name: str, sample_rate: int, bound: _Bound
     # by openai-whisper (s16 output) and our soundfile path both take the plain mean.
     # Packed, not planar: PyAV crashes reading planar frames with more than 8 channels.
     resampler, input_shape = None, None
-    decoded = _Decoded(bound)
     first_error = None
     for packet in container.demux(stream):
         try:
@@ -300,9 +365,9 @@ def _decode_stream(container, stream, name: str, sample_rate: int, bound: _Bound
             decoded.add(_frame_samples(resampled) for resampled in resampler.resample(frame))
     decoded.add(_flush(resampler))
 
-    if not decoded.pieces and first_error is not None:
+    if not decoded.num_samples and first_error is not None:
         raise AudioError(f"could not decode {name} as audio: {_describe(first_error)}")
-    return decoded.samples()
+    return decoded
 
 
 def _flush(resampler) -> list[np.ndarray]:
@@ -322,19 +387,40 @@ def _frame_samples(frame) -> np.ndarray:
     return interleaved.mean(axis=1, dtype=np.float32) if channels > 1 else interleaved[:, 0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class AudioChunk:
-    samples: np.ndarray
-    offset: float  # seconds from the start of the full audio to samples[0]
+    """Samples [start, stop) of ``source``: a view of an array, or read back from SpilledSamples
+    on each access (so a list of windows holds positions, not audio)."""
+
+    source: np.ndarray | SpilledSamples
+    start: int
+    stop: int
     sample_rate: int = SAMPLE_RATE
+
+    @classmethod
+    def whole(cls, samples: np.ndarray | SpilledSamples | AudioChunk) -> AudioChunk:
+        return samples if isinstance(samples, AudioChunk) else cls(samples, 0, len(samples))
+
+    @property
+    def samples(self) -> np.ndarray:
+        return self.source[self.start : self.stop]
+
+    @property
+    def num_samples(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def offset(self) -> float:
+        """Seconds from the start of the full audio to the first sample."""
+        return self.start / self.sample_rate
 
     @property
     def duration(self) -> float:
-        return len(self.samples) / self.sample_rate
+        return self.num_samples / self.sample_rate
 
 
 def chunk_audio(
-    samples: np.ndarray,
+    samples: np.ndarray | SpilledSamples,
     chunk_seconds: float = CHUNK_SECONDS,
     sample_rate: int = SAMPLE_RATE,
 ) -> list[AudioChunk]:
@@ -345,7 +431,7 @@ def chunk_audio(
     that reaches the end of the search is cut at its end.
     No chunk is shorter than MIN_CHUNK_SECONDS (at most half a window) unless the whole input
     is: near the end the search moves earlier so that enough is left for the last chunk.
-    Chunks are views that together cover every sample exactly once.
+    Chunks are positions that together cover every sample exactly once.
     """
     max_length = int(chunk_seconds * sample_rate)
     if max_length < 1:
@@ -364,9 +450,9 @@ def chunk_audio(
         cut = search_start + _quietest_point(samples[search_start:search_end], frame_length)
         # A cut at the very start would make an empty chunk; never stall.
         cut = max(cut, start + 1)
-        chunks.append(AudioChunk(samples[start:cut], start / sample_rate, sample_rate))
+        chunks.append(AudioChunk(samples, start, cut, sample_rate))
         start = cut
-    chunks.append(AudioChunk(samples[start:], start / sample_rate, sample_rate))
+    chunks.append(AudioChunk(samples, start, len(samples), sample_rate))
     return chunks
 
 

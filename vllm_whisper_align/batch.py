@@ -185,8 +185,8 @@ def read_audio(audio: str):
     from vllm_whisper_align.audio import decode_audio
 
     if not is_uri(audio):
-        return decode_audio(audio)
-    return decode_audio(_read_uri(audio))
+        return decode_audio(audio, spill=True)
+    return decode_audio(_read_uri(audio), spill=True)
 
 
 def _read_uri(uri: str) -> bytes:

@@ -274,7 +274,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     decoded, failures = [], 0
     for path in args.audio:
         try:
-            decoded.append((path, decode_audio(path)))
+            decoded.append((path, decode_audio(path, spill=True)))
         except AudioError as error:
             print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)
             failures += 1
@@ -309,7 +309,8 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     with contextlib.ExitStack() as engine:
         for path, text in items:
             try:
-                samples = decode_audio(path)  # any length: long recordings are aligned window by window
+                # Any length: a long recording is aligned window by window, read back from a file.
+                samples = decode_audio(path, spill=True)
                 aligner = aligner or engine.enter_context(_aligner(args.model, engine_args))
                 result = aligner.align(
                     [samples], [text], language=args.language, alignment_method=args.alignment_method
@@ -390,7 +391,7 @@ def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     if fmt not in ALIGNMENT_FORMATS:
         raise ValueError(f"--subtitles writes {', '.join(ALIGNMENT_FORMATS)}; not {fmt}")
     try:
-        samples = decode_audio(args.audio)
+        samples = decode_audio(args.audio, spill=True)
         with _aligner(args.model, engine_args) as aligner:
             result = aligner.align(
                 [samples], [text], language=args.language, alignment_method=args.alignment_method

@@ -21,7 +21,8 @@ import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align.audio import (
-    CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, chunk_audio, num_mel_frames,
+    CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, AudioChunk, SpilledSamples, chunk_audio,
+    num_mel_frames,
 )
 from vllm_whisper_align.params import (
     DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams,
@@ -116,7 +117,7 @@ def suppressed_tokens(model_config) -> list[int]:
 class WindowRequest:
     """One ≤30 s window of one input, ready for ``generate``."""
 
-    samples: np.ndarray
+    audio: AudioChunk  # positions in the input; its samples are read on each use
     offset: float  # seconds from the start of the input to samples[0]
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
@@ -148,8 +149,12 @@ class WindowRequest:
         return [p.key for c in self.candidates() for p in (c.alignment, c.no_speech) if p is not None]
 
     @property
+    def samples(self) -> np.ndarray:
+        return self.audio.samples
+
+    @property
     def duration(self) -> float:
-        return len(self.samples) / SAMPLE_RATE
+        return self.audio.num_samples / SAMPLE_RATE
 
     def engine_prompt(self) -> dict[str, Any]:
         return {
@@ -281,7 +286,7 @@ def can_align(num_samples: int) -> bool:
 
 
 def plan_transcription(
-    samples: np.ndarray,
+    samples: np.ndarray | SpilledSamples,
     tokens: WhisperTokens,
     *,
     language: str | None,
@@ -306,21 +311,21 @@ def plan_transcription(
     decoder_prompt = [*previous, *start]
     windows = []
     for chunk in chunk_audio(samples):
-        if num_mel_frames(len(chunk.samples)) == 0:  # nothing to hear
+        if num_mel_frames(chunk.num_samples) == 0:  # nothing to hear
             continue
         alignment = None
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
-        if word_timestamps and can_align(len(chunk.samples)):
+        if word_timestamps and can_align(chunk.num_samples):
             alignment = AlignmentParams.for_prompt(
-                num_mel_frames(len(chunk.samples)), len(previous), len(start),
+                num_mel_frames(chunk.num_samples), len(previous), len(start),
                 alignment_method=alignment_method,
             )
         no_speech = None
         if tokens.no_speech is not None:
             no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
-        cap = text_token_cap(sampling, len(chunk.samples), len(decoder_prompt))
+        cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt))
         window = WindowRequest(
-            chunk.samples, chunk.offset, decoder_prompt, None, alignment, max_text_tokens=cap,
+            chunk, chunk.offset, decoder_prompt, None, alignment, max_text_tokens=cap,
             no_speech=no_speech, sampling_options=dict(sampling or {}),
             suppress_tokens=tuple(suppress_tokens),
         )
@@ -496,7 +501,7 @@ def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: Wh
 
 
 def plan_alignment(
-    samples: np.ndarray,
+    samples: np.ndarray | AudioChunk,
     tokens: WhisperTokens,
     *,
     text: str | None = None,
@@ -504,15 +509,17 @@ def plan_alignment(
     language: str | None = None,
     alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Plan:
-    """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot]."""
+    """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot].
+    ``samples``: the audio, or a window of a longer input (times stay relative to its start)."""
     language = "en" if tokens.is_english_only and language is None else (language or "en")
-    duration = len(samples) / SAMPLE_RATE
-    if len(samples) > MAX_ALIGNMENT_SECONDS * SAMPLE_RATE:
+    audio = AudioChunk.whole(samples)
+    duration = audio.duration
+    if audio.num_samples > MAX_ALIGNMENT_SECONDS * SAMPLE_RATE:
         raise AlignmentInputError(
             f"audio is {duration:.1f} s; forced alignment takes one window of at most "
             f"{MAX_ALIGNMENT_SECONDS} s"
         )
-    if not can_align(len(samples)):
+    if not can_align(audio.num_samples):
         raise AlignmentInputError(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
@@ -528,12 +535,12 @@ def plan_alignment(
             f"fit in Whisper's {MAX_DECODER_TOKENS}-token decoder context"
         )
     alignment = AlignmentParams.for_prompt(
-        num_mel_frames(len(samples)), 0, len(start), alignment_method=alignment_method
+        num_mel_frames(audio.num_samples), 0, len(start), alignment_method=alignment_method
     )
     sampling = SamplingParams(
         temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()
     )
-    window = WindowRequest(samples, 0.0, prompt, sampling, alignment, forced_tokens=text_tokens)
+    window = WindowRequest(audio, 0.0, prompt, sampling, alignment, forced_tokens=text_tokens)
     return Plan([window], duration, language, "align", True)
 
 

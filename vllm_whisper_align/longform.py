@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES
+from vllm_whisper_align.audio import N_SAMPLES, SpilledSamples
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -71,7 +71,7 @@ MIN_LOGPROB = -1e4
 GREEDY_ONLY = decoding.FallbackOptions(temperatures=(0.0,))
 
 
-def needs_windows(samples: np.ndarray) -> bool:
+def needs_windows(samples: np.ndarray | SpilledSamples) -> bool:
     """Audio over one window goes through this module; one window keeps the exact single pass."""
     return len(samples) > N_SAMPLES
 
@@ -432,7 +432,7 @@ def check_method(alignment_method: str) -> None:
 
 
 def transcription_plans(
-    samples: np.ndarray, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
+    samples: np.ndarray | SpilledSamples, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
 ) -> list[decoding.Plan]:
     """One greedy transcription plan per window (no word timings): what the model hears in each.
 
@@ -477,7 +477,7 @@ def alignment_plans(
         forced = split.items(index, split.fillers.get(index, ()))
         share = [t for _, word_tokens in forced for t in word_tokens]
         aligned = decoding.plan_alignment(
-            window.samples, tokens, token_ids=share, language=language, alignment_method=alignment_method
+            window.audio, tokens, token_ids=share, language=language, alignment_method=alignment_method
         )
         aligned.windows[0].offset = window.offset
         plans.append(aligned)

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from vllm_whisper_align import decoding, longform, results
-from vllm_whisper_align.audio import SAMPLE_RATE, AudioSource, decode_audio
+from vllm_whisper_align.audio import SAMPLE_RATE, AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
@@ -268,7 +268,9 @@ class WhisperAligner:
         self.discard(dropped)
 
 
-def _samples(audio: AudioSource | np.ndarray) -> np.ndarray:
+def _samples(audio: AudioSource | np.ndarray | SpilledSamples) -> np.ndarray | SpilledSamples:
     if isinstance(audio, np.ndarray):
         return audio.astype(np.float32, copy=False)
-    return decode_audio(audio)
+    if isinstance(audio, SpilledSamples):
+        return audio
+    return decode_audio(audio, spill=True)  # a long recording is read back a window at a time

@@ -118,13 +118,14 @@ def window_words(
         [span], alignment, eot=tokens.eot, time_offset=window.offset, last_speech_timestamp=last_speech
     )
     timed: list[WordTiming] = span["words"]
-    speech = speech_frames(window.samples)
+    samples = window.samples  # read once: a long input's windows may be read back from a file
+    speech = speech_frames(samples)
     method = window.alignment.alignment_method if window.alignment is not None else "fixed"
     # Characters move on as sharply as the selected heads; onsets and ends moved them the wrong way.
     word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
     if method == "auto":
         word_timing.refine_starts(
-            timed, onset_strength(window.samples), speech, window.offset, ONSET_FRAME_SECONDS
+            timed, onset_strength(samples), speech, window.offset, ONSET_FRAME_SECONDS
         )
         word_timing.extend_ends(timed, speech, window.offset)
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]

@@ -142,8 +142,9 @@ async def _audio(form: Any, service: AlignmentService):
     if not data:
         raise RequestError("`file` is empty", "file")
     try:
-        # Decoding takes seconds for long files: in a thread, so the event loop keeps serving.
-        return await asyncio.to_thread(decode_audio, data, max_seconds=limits.max_audio_s)
+        # Decoding takes seconds for long files: in a thread, so the event loop keeps serving. A long
+        # recording's samples go to a temporary file; its windows are read back as they run.
+        return await asyncio.to_thread(decode_audio, data, max_seconds=limits.max_audio_s, spill=True)
     except AudioTooLongError as error:
         raise service.too_long_error(error.seconds) from None
     except AudioError as error:
