@@ -301,17 +301,42 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 
 
-def test_a_repeated_window_takes_its_encoder_output_from_the_cache(aligner, clips):
-    """The second request on the same audio (as a fallback retry, or long-form alignment's second
-    pass) does not run the encoder: the first misses the cache, the second hits it, and both answer
-    the same."""
-    samples = clips[3].samples.copy()
-    samples[:160] += 1e-4  # audio no other test has sent
-    runs, counts = [], []
-    for _ in range(2):
-        before = aligner.capture_stats()
-        runs.append(aligner.transcribe([samples], language="en", **GREEDY)[0])
-        after = aligner.capture_stats()
-        counts.append(tuple(after[k] - before[k] for k in ("encoder_cache_misses", "encoder_cache_hits")))
-    assert counts == [(1, 0), (0, 1)]
-    assert runs[0]["words"] and runs[1]["text"] == runs[0]["text"] and runs[1]["words"] == runs[0]["words"]
+def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips, monkeypatch):
+    """A window decoded again at the next temperature does not run the encoder again: the retry hits
+    the encoder cache, and samples exactly what the same attempt samples on a cold cache. The cache
+    is empty again after a call of the offline API."""
+    from vllm_whisper_align import decoding
+    from vllm_whisper_align.plugin import RPC_CLEAR_ENCODER_CACHE
+
+    attempts = []  # (temperature, token ids, avg_logprob) of every attempt run
+    fall_back = decoding.fall_back
+
+    def recorded(plan, outputs, just_run):
+        attempts.extend((plan.windows[i].temperature, outputs[i].token_ids, outputs[i].avg_logprob)
+                        for i in just_run)
+        return fall_back(plan, outputs, just_run)
+
+    def plan(temperatures, compression_ratio_threshold):
+        options = FallbackOptions(temperatures=temperatures, logprob_threshold=None,
+                                  compression_ratio_threshold=compression_ratio_threshold)
+        return plan_transcription(clips[3].samples, aligner.tokens, language="en", sampling={"seed": 7},
+                                  fallback=options, suppress_tokens=aligner.suppress_tokens)
+
+    def cache_counts(before, after):
+        return tuple(after[k] - before[k] for k in ("encoder_cache_misses", "encoder_cache_hits"))
+
+    monkeypatch.setattr(decoding, "fall_back", recorded)
+    aligner.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
+    before = aligner.capture_stats()
+    aligner._run([plan((0.5,), None)], use_tqdm=False)  # the attempt alone, on a cold cache
+    middle = aligner.capture_stats()
+    aligner.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
+    aligner._run([plan((0.0, 0.5), 0.01)], use_tqdm=False)  # greedy fails (any text > 0.01), then 0.5
+    after = aligner.capture_stats()
+    assert cache_counts(before, middle) == (1, 0) and cache_counts(middle, after) == (1, 1)
+    (cold_t, cold_tokens, cold_logprob), (greedy_t, _, _), (retry_t, retry_tokens, retry_logprob) = attempts
+    assert (cold_t, greedy_t, retry_t) == (0.5, 0.0, 0.5) and cold_tokens
+    assert retry_tokens == cold_tokens and retry_logprob == pytest.approx(cold_logprob, abs=1e-5)
+
+    aligner.transcribe([clips[3].samples], language="en")
+    assert aligner.capture_stats()["encoder_cache_entries"] == 0

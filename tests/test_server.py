@@ -244,6 +244,29 @@ def test_server_processes_stay_lean(server, clips):
     assert np.isfinite(start_errors(clips[2], answers[1]["words"])).mean() >= 0.85, answers[1]  # all heard
 
 
+def test_the_same_audio_again_reuses_its_encoder_outputs(server, clips):
+    """Audio sent again while the server is busy (a client asking for srt after verbose_json) runs no
+    encoder: its window hits the encoder cache, and the answer is the same."""
+    def stats() -> dict:
+        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
+
+    def transcribe() -> dict:
+        response = httpx.post(
+            f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[4]))},
+            data={"model": SERVED_NAME, "response_format": "verbose_json",
+                  "timestamp_granularities[]": "word"},
+            timeout=120,
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    before = stats()
+    first, second = transcribe(), transcribe()  # back to back: the server does not go idle between
+    after = stats()
+    assert after["encoder_cache_hits"] - before["encoder_cache_hits"] >= 1, (before, after)
+    assert first["words"] and second["text"] == first["text"] and second["words"] == first["words"]
+
+
 def test_long_audio_across_chunk_joins(client):
     clip = long_clip(65.0)
     result = client.audio.transcriptions.create(

@@ -8,6 +8,8 @@ with ``llm.collective_rpc("whisper_align_fetch", args=([{"key": ..., "num_text_t
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from dataclasses import asdict
 from typing import Any, Iterable, Sequence
@@ -20,7 +22,9 @@ from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest, WhisperAlignConfig
-from vllm_whisper_align.plugin import NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS
+from vllm_whisper_align.plugin import (
+    NO_CAPTURE_MESSAGE, RPC_CLEAR_ENCODER_CACHE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS,
+)
 from vllm_whisper_align.tokenizer import WhisperTokens
 
 logger = get_logger(__name__)
@@ -116,15 +120,17 @@ class WhisperAligner:
         )
         fallback.validate()
         samples = [_samples(audio) for audio in audios]
-        languages = self.detect_languages(samples) if language is None else [language] * len(samples)
-        plans = [
-            decoding.plan_transcription(
-                s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps, prompt=prompt,
-                suppress_tokens=self.suppress_tokens, fallback=fallback, alignment_method=alignment_method,
-            )
-            for s, lang in zip(samples, languages, strict=True)
-        ]
-        return self._run(plans, use_tqdm)
+        with self._one_call():
+            languages = self.detect_languages(samples) if language is None else [language] * len(samples)
+            plans = [
+                decoding.plan_transcription(
+                    s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps,
+                    prompt=prompt, suppress_tokens=self.suppress_tokens, fallback=fallback,
+                    alignment_method=alignment_method,
+                )
+                for s, lang in zip(samples, languages, strict=True)
+            ]
+            return self._run(plans, use_tqdm)
 
     def align(
         self,
@@ -159,10 +165,11 @@ class WhisperAligner:
             )
             for i in short
         ]
-        answers = dict(zip(short, map(longform.mark_aligned, self._run(plans, use_tqdm)), strict=True))
-        long_answers = self._align_long(
-            [samples[i] for i in long], [given[i] for i in long], language, alignment_method
-        )
+        with self._one_call():
+            answers = dict(zip(short, map(longform.mark_aligned, self._run(plans, use_tqdm)), strict=True))
+            long_answers = self._align_long(
+                [samples[i] for i in long], [given[i] for i in long], language, alignment_method
+            )
         answers.update(zip(long, long_answers, strict=True))
         return [answers[i] for i in range(len(samples))]
 
@@ -196,6 +203,16 @@ class WhisperAligner:
         return self.llm.collective_rpc(RPC_STATS)[0]
 
     # ---- internals ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _one_call(self):
+        """The engine's encoder cache serves a call's own repeats (a fallback retry, the second pass
+        of a long alignment) and is emptied when the call ends, as the server empties it when idle:
+        nothing is held, or reused, between calls."""
+        try:
+            yield
+        finally:
+            self.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
 
     def _align_long(
         self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str

@@ -24,6 +24,7 @@ RPC_DISCARD = "whisper_align_discard"
 RPC_STATS = "whisper_align_stats"
 RPC_NO_SPEECH = "whisper_align_no_speech"
 RPC_RETURN_IDLE_MEMORY = "whisper_align_return_idle_memory"
+RPC_CLEAR_ENCODER_CACHE = "whisper_align_clear_encoder_cache"
 NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 
@@ -38,7 +39,7 @@ def register() -> None:
     vllm_adapter.install_worker_methods(
         _after_step,
         {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech,
-         RPC_RETURN_IDLE_MEMORY: _return_idle_memory},
+         RPC_RETURN_IDLE_MEMORY: _return_idle_memory, RPC_CLEAR_ENCODER_CACHE: _clear_encoder_cache},
     )
 
 
@@ -96,6 +97,12 @@ def _stats(self) -> dict[str, int]:
         "kv_cache_bytes": sum(nbytes for _, nbytes in buffers),
         "kv_cache_resident_bytes": sum(memory.resident_bytes(*buffer) for buffer in buffers),
     }
+
+
+def _clear_encoder_cache(self) -> int:
+    """Empties the encoder cache (``WhisperAligner`` does at the end of each call); bytes freed."""
+    encoder_cache = encoder_cache_of(self)
+    return encoder_cache.clear() if encoder_cache is not None else 0
 
 
 # Times this worker process handed freed heap, and its KV cache's pages, back to the OS (see _stats).

@@ -173,6 +173,12 @@ def main() -> None:
             log(f"http: after warm-up: {idle}")
             plan = [(c, True) for c in levels] + [(off_level, False)]
             for level, flag in plan:
+                # Every pass starts as new audio would: the server, idle, has emptied its encoder
+                # cache, so no clip takes its encoder output from the pass before.
+                await idle_server(base, (await capture_stats(base)).get("heap_returns", 0))
+                cached = (await capture_stats(base)).get("encoder_cache_entries", 0)
+                if cached:
+                    raise RuntimeError(f"the encoder cache still holds {cached} windows before a pass")
                 wall, files = await one_pass(client, model_id, items, blobs, level, flag)
                 t_end = time.perf_counter()
                 runs.append(run_record(
