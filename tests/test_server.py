@@ -202,6 +202,21 @@ def server_processes(server: str) -> list:
     pytest.skip("the server was not started here (WHISPER_ALIGN_TEST_SERVER)")
 
 
+def server_stats(server: str) -> dict:
+    return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
+
+
+def transcribe_with_words(server: str, clip) -> dict:
+    """verbose_json with word timestamps for one clip, over plain HTTP."""
+    response = httpx.post(
+        f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clip))},
+        data={"model": SERVED_NAME, "response_format": "verbose_json", "timestamp_granularities[]": "word"},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
 def test_server_processes_stay_lean(server, clips):
     """No process of the server loads Triton (vLLM's CPU build would load it only to disable it: 71 MiB
     each), and once no request has run for a moment the engines hand freed heap and their KV cache's
@@ -212,27 +227,14 @@ def test_server_processes_stay_lean(server, clips):
     for process, name in zip(processes, names, strict=True):
         assert "libtriton" not in Path(f"/proc/{process.pid}/maps").read_text(), name
 
-    def stats() -> dict:
-        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
-
-    def transcribe() -> dict:
-        response = httpx.post(
-            f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[2]))},
-            data={"model": SERVED_NAME, "response_format": "verbose_json",
-                  "timestamp_granularities[]": "word"},
-            timeout=120,
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
     answers = []
     for _ in range(2):
-        before = stats()
-        answers.append(transcribe())
+        before = server_stats(server)
+        answers.append(transcribe_with_words(server, clips[2]))
         deadline = time.monotonic() + 30
-        while stats()["heap_returns"] == before["heap_returns"] and time.monotonic() < deadline:
+        while server_stats(server)["heap_returns"] == before["heap_returns"] and time.monotonic() < deadline:
             time.sleep(0.5)
-        after = stats()
+        after = server_stats(server)
         assert after["heap_returns"] > before["heap_returns"]
         assert after["kv_cache_releases"] > before["kv_cache_releases"]
         assert after["kv_cache_bytes"] > 0
@@ -247,22 +249,10 @@ def test_server_processes_stay_lean(server, clips):
 def test_the_same_audio_again_reuses_its_encoder_outputs(server, clips):
     """Audio sent again while the server is busy (a client asking for srt after verbose_json) runs no
     encoder: its window hits the encoder cache, and the answer is the same."""
-    def stats() -> dict:
-        return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
-
-    def transcribe() -> dict:
-        response = httpx.post(
-            f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clips[4]))},
-            data={"model": SERVED_NAME, "response_format": "verbose_json",
-                  "timestamp_granularities[]": "word"},
-            timeout=120,
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    before = stats()
-    first, second = transcribe(), transcribe()  # back to back: the server does not go idle between
-    after = stats()
+    before = server_stats(server)
+    # Back to back: the server does not go idle between the two.
+    first, second = (transcribe_with_words(server, clips[4]) for _ in range(2))
+    after = server_stats(server)
     assert after["encoder_cache_hits"] - before["encoder_cache_hits"] >= 1, (before, after)
     assert first["words"] and second["text"] == first["text"] and second["words"] == first["words"]
 
