@@ -130,8 +130,6 @@ class SpilledSamples:
     ``AudioChunk`` keeps windows as positions. Reads are positional (``os.preadv``): threads may
     share one."""
 
-    dtype = np.dtype(np.float32)
-
     def __init__(self):
         # Open for the object's life; unlinked already, so it leaves the disk when this is collected.
         self._file = tempfile.TemporaryFile(prefix="vllm-whisper-align-audio-")  # noqa: SIM115
@@ -147,10 +145,6 @@ class SpilledSamples:
 
     def __len__(self) -> int:
         return self._length
-
-    @property
-    def shape(self) -> tuple[int]:
-        return (self._length,)
 
     def __getitem__(self, key: slice) -> np.ndarray:
         if not isinstance(key, slice):

@@ -118,7 +118,6 @@ class WindowRequest:
     """One ≤30 s window of one input, ready for ``generate``."""
 
     audio: AudioChunk  # positions in the input; its samples are read on each use
-    offset: float  # seconds from the start of the input to samples[0]
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     alignment: AlignmentParams | None
@@ -151,6 +150,11 @@ class WindowRequest:
     @property
     def samples(self) -> np.ndarray:
         return self.audio.samples
+
+    @property
+    def offset(self) -> float:
+        """Seconds from the start of the input to samples[0]."""
+        return self.audio.offset
 
     @property
     def duration(self) -> float:
@@ -325,7 +329,7 @@ def plan_transcription(
             no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
         cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt))
         window = WindowRequest(
-            chunk, chunk.offset, decoder_prompt, None, alignment, max_text_tokens=cap,
+            chunk, decoder_prompt, None, alignment, max_text_tokens=cap,
             no_speech=no_speech, sampling_options=dict(sampling or {}),
             suppress_tokens=tuple(suppress_tokens),
         )
@@ -510,7 +514,7 @@ def plan_alignment(
     alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Plan:
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot].
-    ``samples``: the audio, or a window of a longer input (times stay relative to its start)."""
+    ``samples``: the audio, or a window of a longer input (times are then the input's)."""
     language = "en" if tokens.is_english_only and language is None else (language or "en")
     audio = AudioChunk.whole(samples)
     duration = audio.duration
@@ -540,7 +544,7 @@ def plan_alignment(
     sampling = SamplingParams(
         temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()
     )
-    window = WindowRequest(audio, 0.0, prompt, sampling, alignment, forced_tokens=text_tokens)
+    window = WindowRequest(audio, prompt, sampling, alignment, forced_tokens=text_tokens)
     return Plan([window], duration, language, "align", True)
 
 

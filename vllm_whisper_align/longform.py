@@ -14,8 +14,9 @@ two engine passes, each a batch of all windows:
    Heard words with hardly any given counterpart are audio that is not in the text (an aside):
    :func:`extra_audio`.
 3. :func:`alignment_plans`: each window's share of the text, teacher-forced on that window
-   (``decoding.plan_alignment``, its offset added), with the heard words of any aside forced as filler
-   in their place, so that the aside's frames go to them; fillers are never returned.
+   (``decoding.plan_alignment`` on the window's audio, which carries its offset), with the heard
+   words of any aside forced as filler in their place, so that the aside's frames go to them;
+   fillers are never returned.
 4. :func:`finish`: each zone is cut where the two windows' teacher-forced log-probabilities of its
    words say (a word the window's audio does not hold gets a low one), and every given word comes
    back in order: from its window, or with ``aligned: false``, a zero-length span at the previous
@@ -479,7 +480,6 @@ def alignment_plans(
         aligned = decoding.plan_alignment(
             window.audio, tokens, token_ids=share, language=language, alignment_method=alignment_method
         )
-        aligned.windows[0].offset = window.offset
         plans.append(aligned)
     return split, plans
 
