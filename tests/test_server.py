@@ -137,6 +137,22 @@ def test_segment_and_word_granularities(server):
     assert plain.status_code == 200 and plain.text.strip() == both["text"].strip()
 
 
+# A transcription whose windows fail openai-whisper's thresholds at every temperature keeps its most
+# likely attempt, often the greedy one, at an avg_logprob below -1: a guess. vLLM's float32 kernels
+# sum in another order for another batch, and such a guess can flip a word ("water" / "worm" in
+# clips 0 and 8 of distinct_clips). Tests that compare a clip alone with the same clip in a batch
+# exempt a transcription that is a guess on either side (which side flips to the other is chance);
+# confident answers are not exempt, and at most MAX_GUESSES of 16 clips may be guesses, so the
+# comparison keeps its teeth. avg_logprob comes in the segments, which come back only when asked for
+# (OpenAI's rule): such tests ask for both granularities.
+GUESS_LOGPROB = -1.0
+MAX_GUESSES = 3
+
+
+def is_guess(*avg_logprobs: float) -> bool:
+    return any(logprob < GUESS_LOGPROB for logprob in avg_logprobs)
+
+
 def distinct_clips(count: int) -> list[SpokenClip]:
     """Different sentences with different gap patterns: every clip's audio is unique."""
     sentences = [c.words for c in sentence_clips()]
@@ -153,7 +169,7 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
     def request(index, clip, client_):
         return client_.audio.transcriptions.create(
             model="whisper-tiny.en", file=(f"c{index}.wav", wav_bytes(clip)),
-            response_format="verbose_json", timestamp_granularities=["word"],
+            response_format="verbose_json", timestamp_granularities=["word", "segment"],
         )
 
     alone = [request(i, clip, client) for i, clip in enumerate(clips)]
@@ -163,7 +179,13 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
     together = asyncio.run(run_all())
+    guesses = 0
     for single, batched in zip(alone, together, strict=True):
+        assert single.segments and batched.segments  # avg_logprob is there to be read
+        if is_guess(*(segment.avg_logprob for segment in single.segments + batched.segments)):
+            guesses += 1
+            assert batched.words  # answered all the same
+            continue
         assert single.text == batched.text
         np.testing.assert_allclose(
             [w.start for w in single.words], [w.start for w in batched.words], atol=0.02 + 1e-6
@@ -171,6 +193,7 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         np.testing.assert_allclose(
             [w.end for w in single.words], [w.end for w in batched.words], atol=0.02 + 1e-6
         )
+    assert guesses <= 2 * MAX_GUESSES, guesses  # of 32 clips
     # Clips i and i + 8 say the same sentence with other gaps: their word times must differ, so
     # equal answers above cannot come from answers being swapped between requests.
     for first, second in zip(together[:8], together[8:16], strict=True):
