@@ -45,6 +45,12 @@ MIN_CHUNK_SECONDS = 1.0
 # libsndfile reads this many frames at a time, averaging channels per block, so a file with
 # many channels never holds more than one block of them interleaved.
 READ_BLOCK_FRAMES = 1 << 18
+# FFmpeg's decoders hand over frames of about 20 ms; they are gathered in an AudioFifo and resampled
+# this many values (samples × channels) at a time, which costs less than one resampling call a frame.
+RESAMPLE_BLOCK_VALUES = 1 << 18
+# Decoded pieces are sanitised and stored (or spilled) in blocks of at least this many samples: FFmpeg
+# hands over 20 ms frames, and per-frame NumPy calls cost a 3-hour Opus file more than its decoding.
+STORE_BLOCK_SAMPLES = 1 << 18
 # libsndfile's SF_COUNT_MAX: the frame count of a FLAC whose header has no sample count.
 _UNKNOWN_FRAMES = 2**63 - 1
 
@@ -179,32 +185,48 @@ class _Bound:
 
 
 class _Decoded:
-    """Mono pieces as they are decoded, counted so that decoding stops at the bound, and written to
-    SpilledSamples once there are more than ``spill_after`` (None: kept in memory)."""
+    """Mono pieces as they are decoded, counted so that decoding stops at the bound, gathered into
+    blocks of STORE_BLOCK_SAMPLES, and written to SpilledSamples once there are more than
+    ``spill_after`` (None: kept in memory)."""
 
     def __init__(self, bound: _Bound, spill_after: int | None = None):
         self.bound = bound
         self.spill_after = spill_after
-        self.pieces: list[np.ndarray] = []
+        self.pieces: list[np.ndarray] = []  # sanitised blocks
         self.spilled: SpilledSamples | None = None
         self.num_samples = 0
+        self._pending: list[np.ndarray] = []  # pieces not yet in a block
+        self._pending_samples = 0
 
     def add(self, pieces: Iterable[np.ndarray]) -> None:
         for piece in pieces:
             self.num_samples += len(piece)
             self.bound.check_decoded(self.num_samples)
-            # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
-            # which would poison every mel frame they touch.
-            piece = piece.astype(np.float32, copy=not piece.flags.writeable)
-            np.nan_to_num(piece, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
-            self.pieces.append(np.clip(piece, -1.0, 1.0, out=piece))
-            if self.spill_after is not None and self.num_samples > self.spill_after:
-                self.spilled = self.spilled or SpilledSamples()
-                for held in self.pieces:
-                    self.spilled.append(held)
-                self.pieces = []
+            self._pending.append(piece)
+            self._pending_samples += len(piece)
+            if self._pending_samples >= STORE_BLOCK_SAMPLES:
+                self._store_pending()
+
+    def _store_pending(self) -> None:
+        if not self._pending:
+            return
+        if len(self._pending) == 1:
+            block = self._pending[0].astype(np.float32, copy=not self._pending[0].flags.writeable)
+        else:
+            block = np.concatenate(self._pending, dtype=np.float32)
+        self._pending, self._pending_samples = [], 0
+        # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
+        # which would poison every mel frame they touch.
+        np.nan_to_num(block, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+        self.pieces.append(np.clip(block, -1.0, 1.0, out=block))
+        if self.spill_after is not None and self.num_samples > self.spill_after:
+            self.spilled = self.spilled or SpilledSamples()
+            for held in self.pieces:
+                self.spilled.append(held)
+            self.pieces = []
 
     def samples(self) -> np.ndarray | SpilledSamples:
+        self._store_pending()
         if self.spilled is not None:
             return self.spilled.finish()
         return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
@@ -338,7 +360,7 @@ def _decode_stream(container, stream, name: str, sample_rate: int, decoded: _Dec
     # stereo channel by 0.707 (louder than either, may clip), while the ffmpeg CLI used
     # by openai-whisper (s16 output) and our soundfile path both take the plain mean.
     # Packed, not planar: PyAV crashes reading planar frames with more than 8 channels.
-    resampler, input_shape = None, None
+    resampler, fifo, input_shape = None, None, None
     first_error = None
     for packet in container.demux(stream):
         try:
@@ -353,21 +375,27 @@ def _decode_stream(container, stream, name: str, sample_rate: int, decoded: _Dec
             # which one PyAV resampler refuses: finish it and start another.
             frame_shape = (frame.format.name, frame.layout.name, frame.sample_rate)
             if frame_shape != input_shape:
-                decoded.add(_flush(resampler))
-                resampler = av.AudioResampler(format="flt", rate=sample_rate)
+                decoded.add(_drain(resampler, fifo))
+                resampler, fifo = av.AudioResampler(format="flt", rate=sample_rate), av.AudioFifo()
                 input_shape = frame_shape
-            decoded.add(_frame_samples(resampled) for resampled in resampler.resample(frame))
-    decoded.add(_flush(resampler))
+            # The fifo refuses a frame whose timestamp does not follow on, as after a skipped packet.
+            frame.pts = None
+            fifo.write(frame)
+            if fifo.samples * frame.layout.nb_channels >= RESAMPLE_BLOCK_VALUES:
+                decoded.add(_frame_samples(resampled) for resampled in resampler.resample(fifo.read()))
+    decoded.add(_drain(resampler, fifo))
 
     if not decoded.num_samples and first_error is not None:
         raise AudioError(f"could not decode {name} as audio: {_describe(first_error)}")
     return decoded
 
 
-def _flush(resampler) -> list[np.ndarray]:
+def _drain(resampler, fifo) -> list[np.ndarray]:
+    """What ``fifo`` holds and ``resampler`` keeps back, resampled."""
     if resampler is None:
         return []
-    return [_frame_samples(resampled) for resampled in resampler.resample(None)]
+    frames = [fifo.read(), None] if fifo.samples else [None]
+    return [_frame_samples(resampled) for frame in frames for resampled in resampler.resample(frame)]
 
 
 def _describe(error: Exception) -> str:
@@ -377,7 +405,9 @@ def _describe(error: Exception) -> str:
 
 def _frame_samples(frame) -> np.ndarray:
     channels = frame.layout.nb_channels
-    interleaved = frame.to_ndarray().reshape(-1, channels)  # packed float: (1, samples * channels)
+    # Packed float: one plane of samples × channels values (its buffer may be padded beyond them).
+    interleaved = np.frombuffer(frame.planes[0], dtype=np.float32, count=frame.samples * channels)
+    interleaved = interleaved.reshape(-1, channels)
     return interleaved.mean(axis=1, dtype=np.float32) if channels > 1 else interleaved[:, 0]
 
 
