@@ -334,3 +334,12 @@ def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
     split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
     assert split.extra[0] and not split.fillers.get(0)
     assert all(index >= 0 for index, _ in split.items(0, split.fillers.get(0, ())))
+
+
+def test_the_second_pass_runs_last_window_first_and_answers_in_window_order():
+    plans = ["p0", None, "p2", "p3"]  # window 1 has no text
+    order = longform.second_pass_order(plans)
+    assert order == [3, 2, 0]
+    bodies = [{"window": k} for k in order]  # answers in the order run
+    placed = longform.in_window_order(order, bodies, len(plans))
+    assert placed == [{"window": 0}, None, {"window": 2}, {"window": 3}]

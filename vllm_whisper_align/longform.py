@@ -491,6 +491,17 @@ def second_pass_order(plans: Sequence[decoding.Plan | None]) -> list[int]:
     return [k for k in range(len(plans) - 1, -1, -1) if plans[k] is not None]
 
 
+def in_window_order(
+    order: Sequence[int], bodies: Sequence[dict[str, Any]], num_windows: int
+) -> list[dict[str, Any] | None]:
+    """The bodies of windows run in ``order`` (:func:`second_pass_order`) put back in window order,
+    None for a window without text."""
+    placed: list[dict[str, Any] | None] = [None] * num_windows
+    for k, body in zip(order, bodies, strict=True):
+        placed[k] = body
+    return placed
+
+
 # ---------------------------------------------------------------------------- joining
 
 

@@ -232,10 +232,8 @@ class WhisperAligner:
         ]
         windows = [p for _, plans in splits for p in plans]
         order = longform.second_pass_order(windows)
-        bodies: list[dict | None] = [None] * len(windows)
-        for k, body in zip(order, self._run([windows[k] for k in order], use_tqdm=False), strict=True):
-            bodies[k] = body
-        window_bodies = iter(bodies)
+        aligned = self._run([windows[k] for k in order], use_tqdm=False)
+        window_bodies = iter(longform.in_window_order(order, aligned, len(windows)))
         return [
             longform.finish(
                 split, plans, [next(window_bodies) for _ in plans], self.tokens, len(s) / SAMPLE_RATE,

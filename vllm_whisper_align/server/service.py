@@ -247,9 +247,7 @@ class AlignmentService:
             raise RequestError(str(error), field) from None
         order = longform.second_pass_order(plans)
         aligned = await asyncio.gather(*[self._run(plans[k], f"{request_id}-a{k}", slots) for k in order])
-        bodies: list[dict[str, Any] | None] = [None] * len(plans)
-        for k, body in zip(order, aligned, strict=True):
-            bodies[k] = body
+        bodies = longform.in_window_order(order, aligned, len(plans))
         return await asyncio.to_thread(
             longform.finish, split, plans, bodies, self.tokens, len(samples) / SAMPLE_RATE, language
         )
