@@ -46,11 +46,9 @@ MIN_CHUNK_SECONDS = 1.0
 # many channels never holds more than one block of them interleaved.
 READ_BLOCK_FRAMES = 1 << 18
 # FFmpeg's decoders hand over frames of about 20 ms; they are gathered in an AudioFifo and resampled
-# this many values (samples × channels) at a time, which costs less than one resampling call a frame.
+# this many values (samples × channels) at a time: a resampling call and the NumPy work on its output
+# per frame cost a 3-hour Opus file more than its decoding.
 RESAMPLE_BLOCK_VALUES = 1 << 18
-# Decoded pieces are sanitised and stored (or spilled) in blocks of at least this many samples: FFmpeg
-# hands over 20 ms frames, and per-frame NumPy calls cost a 3-hour Opus file more than its decoding.
-STORE_BLOCK_SAMPLES = 1 << 18
 # libsndfile's SF_COUNT_MAX: the frame count of a FLAC whose header has no sample count.
 _UNKNOWN_FRAMES = 2**63 - 1
 
@@ -185,48 +183,32 @@ class _Bound:
 
 
 class _Decoded:
-    """Mono pieces as they are decoded, counted so that decoding stops at the bound, gathered into
-    blocks of STORE_BLOCK_SAMPLES, and written to SpilledSamples once there are more than
-    ``spill_after`` (None: kept in memory)."""
+    """Mono pieces as they are decoded, counted so that decoding stops at the bound, and written to
+    SpilledSamples once there are more than ``spill_after`` (None: kept in memory)."""
 
     def __init__(self, bound: _Bound, spill_after: int | None = None):
         self.bound = bound
         self.spill_after = spill_after
-        self.pieces: list[np.ndarray] = []  # sanitised blocks
+        self.pieces: list[np.ndarray] = []
         self.spilled: SpilledSamples | None = None
         self.num_samples = 0
-        self._pending: list[np.ndarray] = []  # pieces not yet in a block
-        self._pending_samples = 0
 
     def add(self, pieces: Iterable[np.ndarray]) -> None:
         for piece in pieces:
             self.num_samples += len(piece)
             self.bound.check_decoded(self.num_samples)
-            self._pending.append(piece)
-            self._pending_samples += len(piece)
-            if self._pending_samples >= STORE_BLOCK_SAMPLES:
-                self._store_pending()
-
-    def _store_pending(self) -> None:
-        if not self._pending:
-            return
-        if len(self._pending) == 1:
-            block = self._pending[0].astype(np.float32, copy=not self._pending[0].flags.writeable)
-        else:
-            block = np.concatenate(self._pending, dtype=np.float32)
-        self._pending, self._pending_samples = [], 0
-        # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
-        # which would poison every mel frame they touch.
-        np.nan_to_num(block, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
-        self.pieces.append(np.clip(block, -1.0, 1.0, out=block))
-        if self.spill_after is not None and self.num_samples > self.spill_after:
-            self.spilled = self.spilled or SpilledSamples()
-            for held in self.pieces:
-                self.spilled.append(held)
-            self.pieces = []
+            # Lossy decoders overshoot full scale slightly, and float files can hold NaN/inf,
+            # which would poison every mel frame they touch.
+            piece = piece.astype(np.float32, copy=not piece.flags.writeable)
+            np.nan_to_num(piece, copy=False, nan=0.0, posinf=1.0, neginf=-1.0)
+            self.pieces.append(np.clip(piece, -1.0, 1.0, out=piece))
+            if self.spill_after is not None and self.num_samples > self.spill_after:
+                self.spilled = self.spilled or SpilledSamples()
+                for held in self.pieces:
+                    self.spilled.append(held)
+                self.pieces = []
 
     def samples(self) -> np.ndarray | SpilledSamples:
-        self._store_pending()
         if self.spilled is not None:
             return self.spilled.finish()
         return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
