@@ -343,3 +343,100 @@ def test_the_second_pass_runs_last_window_first_and_answers_in_window_order():
     bodies = [{"window": k} for k in order]  # answers in the order run
     placed = longform.in_window_order(order, bodies, len(plans))
     assert placed == [{"window": 0}, None, {"window": 2}, {"window": 3}]
+
+
+# ---------------------------------------------------------------------------- the short first pass
+
+
+def test_prefixes_place_each_window_where_its_speech_starts():
+    text = [normalise(w) for w in f"{numbered('a', 30)} {numbered('b', 30)} {numbered('c', 30)}".split()]
+    # Window 1's prefix begins with a misheard word (an edit either way): the speech starts at b0.
+    prefixes = [text[:8], ["bee0", *text[31:38]], text[60:68]]
+    # The rate expects window 1 two words late: equal costs at b0 and b1, and the speech starts at b0.
+    starts, unsure = longform.place_prefixes(text, prefixes, np.array([32.0, 28.0, 30.0]))
+    np.testing.assert_array_equal(starts, [0, 30, 60])
+    np.testing.assert_array_equal(unsure, [0, 0])  # three of the first four words agree: sure
+
+
+def test_a_repeated_phrase_is_placed_at_the_repetition_the_rate_expects():
+    phrase = "to the park after lunch".split()
+    text = [*numbered("a", 25).split(), *phrase, *numbered("b", 25).split(), *phrase]
+    text = [normalise(w) for w in [*text, *numbered("c", 30).split()]]
+    durations = np.array([30.0, 30.0, 30.0])
+    starts, _ = longform.place_prefixes(text, [text[:6], text[55:61], text[85:91]], durations)
+    assert starts[1] == 55 and text[55:60] == phrase
+
+
+def test_a_prefix_that_matches_nowhere_sends_the_recording_to_the_full_pass():
+    text = [normalise(w) for w in numbered("a", 60).split()]
+    durations = np.array([30.0, 30.0])
+    elsewhere = ["applause", "music", "cheering", "x"]
+    assert longform.place_prefixes(text, [text[:8], elsewhere], durations) is None
+    assert longform.place_prefixes(text, [text[:8], []], durations) is None  # nothing heard: silence
+
+
+def test_an_unsure_start_shares_words_with_the_window_before():
+    words = words_of(numbered("a", 40))
+    split = longform.prefix_split(words, np.array([0, 20, 30]), np.array([0, 3]))
+    np.testing.assert_array_equal(split.zones, [[20, 20], [27, 33]])
+    assert split.aligned.all()
+    np.testing.assert_array_equal(split.share(1), np.arange(20, 33))
+    np.testing.assert_array_equal(split.share(2), np.arange(27, 40))
+
+
+def ranked_body(split, window: int, plan, ranks: list[int], spacing: float = 0.5):
+    body = fake_body(split, window, plan, 1.0, spacing)
+    body["token_ranks"] = ranks
+    return body
+
+
+@pytest.fixture
+def prefix_case(tokens):
+    plans = heard_plans(tokens, 70)
+    spoken = [numbered("alpha", 12), numbered("beta", 12), numbered("gamma", 12)]
+    given = longform.text_words(tokens.encode(" " + " ".join(spoken)), tokens, "en")
+    placed = longform.place_prefixes(
+        [w.key for w in given], [[normalise(w) for w in s.split()[:6]] for s in spoken],
+        np.array([p.windows[0].duration for p in plans]),
+    )
+    split = longform.prefix_split(given, *placed)
+    window_plans = longform.window_plans(split, plans, [[], [], []], tokens, "en", "auto")
+    num_tokens = [len(split.share_tokens(w)) for w in range(3)]
+    return split, window_plans, num_tokens
+
+
+def test_text_the_model_would_say_is_heard(prefix_case):
+    split, plans, num_tokens = prefix_case
+    ranks = [[1, 1, 1, 2] * (n // 4) + [1] * (n % 4) for n in num_tokens]  # 75% agreement
+    bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
+    assert longform.text_is_heard(split, bodies)
+
+
+def test_text_the_model_does_not_hear_sends_the_recording_to_the_full_pass(prefix_case):
+    split, plans, num_tokens = prefix_case
+    ranks = [[1] * n for n in num_tokens]
+    ranks[1][5:13] = [7] * 8  # eight tokens in a row the model would not say: a skipped stretch
+    bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
+    assert not longform.text_is_heard(split, bodies)
+    # The same stretch cut by a window boundary is read whole, in text order.
+    ranks = [[1] * n for n in num_tokens]
+    ranks[0][-4:], ranks[1][:4] = [7] * 4, [7] * 4
+    bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
+    assert not longform.text_is_heard(split, bodies)
+
+
+def test_a_word_spanning_an_aside_sends_the_recording_to_the_full_pass(prefix_case):
+    split, plans, num_tokens = prefix_case
+    bodies = [ranked_body(split, w, p, [1] * n)
+              for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
+    assert longform.text_is_heard(split, bodies)
+    bodies[2]["words"][3]["end"] = bodies[2]["words"][3]["start"] + longform.MAX_WORD_SECONDS + 0.5
+    assert not longform.text_is_heard(split, bodies)
+
+
+def test_a_window_without_a_result_sends_the_recording_to_the_full_pass(prefix_case):
+    split, plans, num_tokens = prefix_case
+    bodies = [ranked_body(split, w, p, [1] * n)
+              for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
+    bodies[1] = None
+    assert not longform.text_is_heard(split, bodies)

@@ -178,6 +178,9 @@ class WindowOutput:
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
     temperature: float = 0.0
+    # Teacher-forced windows: each forced token's rank among the model's choices there (1: the token
+    # the model would have picked itself; vLLM reports it with every prompt log-probability).
+    token_ranks: list[int] | None = None
 
 
 @dataclass
@@ -190,6 +193,9 @@ class Plan:
     task: str = "transcribe"
     word_timestamps: bool = True
     fallback: FallbackOptions = field(default_factory=FallbackOptions)
+    # The body carries ``token_ranks`` (WindowOutput.token_ranks, forced windows): long-form
+    # alignment checks its windows' text with them (``longform.text_is_heard``).
+    report_ranks: bool = False
     # Per window still falling back: its most likely attempt so far, kept in case every temperature
     # fails the test (see fall_back).
     failed_attempts: dict[int, tuple[WindowRequest, WindowOutput]] = field(default_factory=dict)
@@ -560,11 +566,11 @@ def window_output(
     if window.forced_tokens is not None:
         logprobs = output.prompt_logprobs or []
         first = window.alignment.first_text_position()
-        token_logprobs = [
-            _logprob_of(logprobs[first + i] if first + i < len(logprobs) else None, token)
-            for i, token in enumerate(window.forced_tokens)
-        ]
-        return WindowOutput(list(window.forced_tokens), token_logprobs)
+        forced = window.forced_tokens
+        entries = [logprobs[first + i] if first + i < len(logprobs) else None for i in range(len(forced))]
+        token_logprobs = [_logprob_of(entry, token) for entry, token in zip(entries, forced, strict=True)]
+        token_ranks = [_rank_of(entry, token) for entry, token in zip(entries, forced, strict=True)]
+        return WindowOutput(list(window.forced_tokens), token_logprobs, token_ranks=token_ranks)
     completion = output.outputs[0]
     ids = list(completion.token_ids)
     sampled = completion.logprobs or [None] * len(ids)
@@ -581,6 +587,13 @@ def window_output(
         no_speech_prob=no_speech_prob,
         temperature=window.temperature,
     )
+
+
+def _rank_of(entry: Any, token: int) -> int:
+    """The token's rank in a log-probability entry; 0 where vLLM gave none."""
+    if not entry or token not in entry:
+        return 0
+    return int(getattr(entry[token], "rank", 0) or 0)
 
 
 def _logprob_of(entry: Any, token: int) -> float:

@@ -382,6 +382,154 @@ def _boundary(
     return estimate, zone
 
 
+# ---------------------------------------------------------------------------- the short first pass
+
+# The first pass need not hear whole windows to place their text: each window's first PREFIX_TOKENS
+# tokens, laid on the text where the speaking rate so far expects them, say where its share begins.
+# What only a whole transcript shows (text not in the audio, audio not in the text, a misplaced
+# window) is checked on the second pass's own output (text_is_heard); a recording that fails the check
+# is aligned again from a full first pass. Figures: README, "Long-form forced alignment".
+PREFIX_TOKENS = 16
+# A prefix is looked for within this many words of where the speaking rate so far expects it, and
+# placed only where at least MIN_PREFIX_MATCH of its words match the text in order.
+PLACE_BAND_WORDS = 40
+MIN_PREFIX_MATCH = 0.5
+# A placed start is sure when at least PREFIX_SURE_MATCHES of the prefix's first PREFIX_SURE_WORDS
+# words equal the text's at the same places (a misheard word or two leave it sure). A sure start
+# needs no zone, and none is better: a window forced with its neighbour's words gives them its first
+# frames (measured: a 1.5 s error on a window's first word behind six such words). An unsure one
+# gets one word on each side per place that differs, forced in both windows (choose_cuts decides).
+PREFIX_SURE_WORDS = 4
+PREFIX_SURE_MATCHES = 2
+# Every AGREEMENT_SPAN consecutive tokens of the text, each read in the window that keeps it, must hold
+# at least MIN_AGREEMENT tokens the model would have picked itself there (rank 1). Measured on tiny.en
+# (README): spoken text 0.58 at worst, a skipped paragraph of 10-21 words 0.2 at most.
+AGREEMENT_SPAN = 12
+MIN_AGREEMENT = 0.4
+# A kept word spanning longer than this holds audio that is not in the text (an aside measured 6.6 s;
+# spoken words at most 1.7 s).
+MAX_WORD_SECONDS = 3.0
+
+
+def prefix_alignment_plans(
+    heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
+    token_ids: Sequence[int], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+) -> tuple[Split, list[decoding.Plan | None]] | None:
+    """As :func:`alignment_plans`, from each window's first PREFIX_TOKENS tokens (``bodies``); None
+    where a prefix cannot be placed: the recording takes the full first pass."""
+    given = text_words(token_ids, tokens, language)
+    prefixes = [[w.key for w in heard_words(body["text"], tokens, language)] for body in bodies]
+    durations = np.array([plan.windows[0].duration for plan in heard])
+    placed = place_prefixes([w.key for w in given], prefixes, durations)
+    if placed is None:
+        return None
+    split = prefix_split(given, *placed)
+    try:
+        return split, window_plans(split, heard, [[] for _ in heard], tokens, language, alignment_method)
+    except decoding.AlignmentInputError:  # a share too long for the decoder: the full pass decides
+        return None
+
+
+def place_prefixes(
+    given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """First given word of each window, from the normalised words of its prefix, and the words on
+    each side of it its window shares with the one before (PREFIX_SURE_MATCHES; per start after the
+    first); None if a prefix is empty or matches nowhere near where the speaking rate so far expects
+    it."""
+    starts, unsure = [0], []
+    for window, prefix in enumerate(prefixes):
+        expected = 0
+        if window:
+            elapsed = durations[: window - 1].sum()
+            rate = starts[-1] / elapsed if starts[-1] and elapsed else len(given) / durations.sum()
+            expected = int(round(starts[-1] + rate * durations[window - 1]))
+        position, matched = _place(prefix, given, expected, starts[-1])
+        if not prefix or matched < MIN_PREFIX_MATCH * len(prefix):
+            return None
+        if window:
+            starts.append(position)
+            text = given[position : position + PREFIX_SURE_WORDS]
+            same = sum(a == b for a, b in zip(prefix[:PREFIX_SURE_WORDS], text, strict=False))
+            unsure.append(0 if same >= PREFIX_SURE_MATCHES else PREFIX_SURE_WORDS - same)
+    return np.array(starts, dtype=np.int64), np.array(unsure, dtype=np.int64)
+
+
+def _place(prefix: Sequence[str], given: Sequence[str], expected: int, earliest: int) -> tuple[int, int]:
+    """(position, words matched): where the text, read from there, is fewest edits from ``prefix``
+    (its end free), within PLACE_BAND_WORDS of ``expected`` and not before ``earliest``; among equals
+    the nearest ``expected``, moved back over equal neighbours (a misheard first word costs as much
+    substituted as skipped: the speech starts at the earlier)."""
+    lo, hi = max(earliest, expected - PLACE_BAND_WORDS), min(len(given), expected + PLACE_BAND_WORDS + 1)
+    if lo >= hi or not prefix:
+        return max(earliest, min(expected, len(given))), 0
+    vocabulary: dict[str, int] = {}
+    prefix_ids = np.array([vocabulary.setdefault(w, len(vocabulary)) for w in prefix], dtype=np.int64)
+    text_ids = np.array([vocabulary.get(w, -1) for w in given[lo : hi + 2 * len(prefix)]], dtype=np.int64)
+    costs = np.array([_prefix_cost(prefix_ids, text_ids[p - lo : p - lo + 2 * len(prefix)])
+                      for p in range(lo, hi)])
+    best = np.flatnonzero(costs == costs.min()) + lo
+    position = int(best[np.argmin(np.abs(best - expected))])
+    while position > lo and costs[position - 1 - lo] == costs[position - lo]:
+        position -= 1
+    return position, len(prefix) - int(costs.min())
+
+
+def _prefix_cost(prefix: np.ndarray, text: np.ndarray) -> int:
+    """Fewest edits that turn the start of ``text`` (any length) into ``prefix``."""
+    row = np.arange(len(text) + 1, dtype=np.int32)
+    for i, word in enumerate(prefix, start=1):
+        row = _edit_row(row, word, text, i)
+    return int(row.min())
+
+
+def prefix_split(words: list[TextWord], starts: np.ndarray, unsure: np.ndarray) -> Split:
+    """Given words over windows that begin at ``starts``: every word aligned, ``unsure`` (per start
+    after the first) on each side of a start in both windows."""
+    estimates = np.asarray(starts[1:], dtype=np.int64)
+    margins = np.asarray(unsure, dtype=np.int64)
+    zones = np.clip(np.stack([estimates - margins, estimates + margins], axis=1), 0, len(words))
+    zones = np.maximum.accumulate(zones, axis=0) if len(zones) else zones
+    return Split(words, np.ones(len(words), dtype=bool), estimates, zones, [[] for _ in starts])
+
+
+def text_is_heard(split: Split, bodies: Sequence[dict[str, Any] | None]) -> bool:
+    """Whether the second pass over a :func:`prefix_split` holds what a full first pass would have
+    caught: every word has a window, the text agrees with what the model hears (AGREEMENT_SPAN,
+    MIN_AGREEMENT, read in text order across windows, so that a paragraph cut by a boundary is seen
+    whole), and no word spans an aside (MAX_WORD_SECONDS)."""
+    windows = [_WindowWords.read(split, w, body) for w, body in enumerate(bodies)]
+    owner = owners(split, choose_cuts(split, [w.logprobs for w in windows]))
+    agreement: list[np.ndarray] = []
+    for index, window in enumerate(owner):
+        if window < 0:
+            return False
+        words = windows[window]
+        body = bodies[window]
+        if not words.usable or body is None or index not in words.share:
+            return False
+        ranks = body.get("token_ranks") or []
+        if len(ranks) != words.token_start[-1]:
+            return False
+        position = words.share[index]
+        lo, hi = words.token_start[position], words.token_start[position + 1]
+        agreement.append(np.asarray(ranks[lo:hi]) == 1)
+        timed = body.get("words") or []
+        if len(timed) == words.num_items:
+            if timed[position]["end"] - timed[position]["start"] > MAX_WORD_SECONDS:
+                return False
+    return _agrees(np.concatenate(agreement) if agreement else np.zeros(0, dtype=bool))
+
+
+def _agrees(agreement: np.ndarray) -> bool:
+    """Every AGREEMENT_SPAN consecutive tokens (all, if fewer) hold MIN_AGREEMENT tokens of rank 1."""
+    if len(agreement) == 0:
+        return True
+    span = min(AGREEMENT_SPAN, len(agreement))
+    counts = np.convolve(agreement.astype(np.float64), np.ones(span), mode="valid")
+    return bool(counts.min() >= MIN_AGREEMENT * span - 1e-9)
+
+
 def choose_cuts(split: Split, logprobs: Sequence[np.ndarray]) -> np.ndarray:
     """Per boundary, the first word of window w + 1: where the zone's words are likeliest.
 
@@ -433,9 +581,11 @@ def check_method(alignment_method: str) -> None:
 
 
 def transcription_plans(
-    samples: np.ndarray | SpilledSamples, tokens: WhisperTokens, language: str, suppress_tokens: Sequence[int]
+    samples: np.ndarray | SpilledSamples, tokens: WhisperTokens, language: str,
+    suppress_tokens: Sequence[int], max_tokens: int | None = None,
 ) -> list[decoding.Plan]:
-    """One greedy transcription plan per window (no word timings): what the model hears in each.
+    """One greedy transcription plan per window (no word timings): what the model hears in each, or
+    its first ``max_tokens`` tokens (:func:`prefix_alignment_plans`).
 
     Greedy only: a window that fails openai-whisper's thresholds is not sampled again at higher
     temperatures. Its greedy words still locate the text (matching tolerates misheard words), and
@@ -443,7 +593,7 @@ def transcription_plans(
     """
     plan = decoding.plan_transcription(
         samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens,
-        fallback=GREEDY_ONLY,
+        fallback=GREEDY_ONLY, sampling={"max_tokens": max_tokens} if max_tokens else None,
     )
     return [decoding.Plan([w], w.duration, plan.language, plan.task, False, plan.fallback)
             for w in plan.windows]
@@ -458,6 +608,15 @@ def alignment_plans(
     given = text_words(token_ids, tokens, language)
     transcribed = [heard_words(body["text"], tokens, language) for body in bodies]
     split = split_text(given, [[w.key for w in words] for words in transcribed])
+    return split, window_plans(split, heard, transcribed, tokens, language, alignment_method)
+
+
+def window_plans(
+    split: Split, heard: Sequence[decoding.Plan], transcribed: Sequence[Sequence[TextWord]],
+    tokens: WhisperTokens, language: str, alignment_method: str,
+) -> list[decoding.Plan | None]:
+    """One alignment plan per window of ``heard`` for its share of ``split`` (None for a window without
+    text), with the fillers of ``split.extra`` (indices into ``transcribed``, its heard words)."""
     room = MAX_DECODER_TOKENS - len(tokens.transcription_prompt(language)) - 1
     plans: list[decoding.Plan | None] = []
     for index, plan in enumerate(heard):
@@ -480,8 +639,9 @@ def alignment_plans(
         aligned = decoding.plan_alignment(
             window.audio, tokens, token_ids=share, language=language, alignment_method=alignment_method
         )
+        aligned.report_ranks = True
         plans.append(aligned)
-    return split, plans
+    return plans
 
 
 def second_pass_order(plans: Sequence[decoding.Plan | None]) -> list[int]:

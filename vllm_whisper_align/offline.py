@@ -217,30 +217,57 @@ class WhisperAligner:
     def _align_long(
         self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str
     ) -> list[dict]:
-        """``longform``'s two passes, each one ``generate`` call over every window of every input."""
+        """``longform``'s two passes, each one ``generate`` call over every window of every input: first
+        from each window's prefix, then, for the inputs that fail ``longform.text_is_heard``, from a
+        full first pass."""
         language = language or "en"
         given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
+        answers = self._align_windows(samples, given_ids, language, alignment_method, short=True)
+        again = [i for i, answer in enumerate(answers) if answer is None]
+        if again:
+            full = self._align_windows([samples[i] for i in again], [given_ids[i] for i in again], language,
+                                       alignment_method, short=False)
+            for i, answer in zip(again, full, strict=True):
+                answers[i] = answer
+        return answers
+
+    def _align_windows(
+        self, samples: list[np.ndarray], given_ids: list[list[int]], language: str, alignment_method: str,
+        short: bool,
+    ) -> list[dict | None]:
+        """Both passes over every window of ``samples``; with ``short`` the first decodes each window's
+        prefix only, and an input it cannot vouch for comes back None."""
         heard = [
-            longform.transcription_plans(s, self.tokens, language, self.suppress_tokens) for s in samples
+            longform.transcription_plans(
+                s, self.tokens, language, self.suppress_tokens, longform.PREFIX_TOKENS if short else None
+            )
+            for s in samples
         ]
         transcripts = iter(self._run([p for plans in heard for p in plans], use_tqdm=False))
+        make_plans = longform.prefix_alignment_plans if short else longform.alignment_plans
         splits = [
-            longform.alignment_plans(
-                plans, [next(transcripts) for _ in plans], self.tokens, ids, language, alignment_method
-            )
+            make_plans(plans, [next(transcripts) for _ in plans], self.tokens, ids, language,
+                       alignment_method)
             for plans, ids in zip(heard, given_ids, strict=True)
         ]
-        windows = [p for _, plans in splits for p in plans]
+        windows = [p for entry in splits if entry is not None for p in entry[1]]
         order = longform.second_pass_order(windows)
         aligned = self._run([windows[k] for k in order], use_tqdm=False)
         window_bodies = iter(longform.in_window_order(order, aligned, len(windows)))
-        return [
-            longform.finish(
-                split, plans, [next(window_bodies) for _ in plans], self.tokens, len(s) / SAMPLE_RATE,
-                language,
+        answers: list[dict | None] = []
+        for entry, s in zip(splits, samples, strict=True):
+            if entry is None:
+                answers.append(None)
+                continue
+            split, plans = entry
+            bodies = [next(window_bodies) for _ in plans]
+            if short and not longform.text_is_heard(split, bodies):
+                answers.append(None)
+                continue
+            answers.append(
+                longform.finish(split, plans, bodies, self.tokens, len(s) / SAMPLE_RATE, language)
             )
-            for (split, plans), s in zip(splits, samples, strict=True)
-        ]
+        return answers
 
     def _run(self, plans: list[decoding.Plan], use_tqdm: bool) -> list[dict[str, Any]]:
         per_plan: list[list[decoding.WindowOutput | None]] = [[None] * len(plan.windows) for plan in plans]

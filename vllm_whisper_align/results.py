@@ -289,4 +289,7 @@ def finish(
     plan: Plan, outputs: Sequence[WindowOutput], fetched: Sequence[dict], tokens: WhisperTokens
 ) -> dict[str, Any]:
     """The engine's outputs and the workers' answers for one input, as a verbose_json body."""
-    return assemble(plan, window_results(plan, outputs, fetched, tokens))
+    body = assemble(plan, window_results(plan, outputs, fetched, tokens))
+    if plan.report_ranks:
+        body["token_ranks"] = [rank for output in outputs for rank in (output.token_ranks or [])]
+    return body
