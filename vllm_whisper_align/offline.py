@@ -290,8 +290,7 @@ class WhisperAligner:
             for r in decoding.alignment_requests(plan, outs)
         ]
         fetched = self.fetch(requests)
-        return [results.finish(plan, outs, fetched, self.tokens)
-                for plan, outs in zip(plans, per_plan, strict=True)]
+        return results.finish_all(plans, per_plan, fetched, self.tokens)
 
     def _generate(self, plans, per_plan, pending: list[tuple[int, int]], use_tqdm: bool) -> None:
         """Runs the windows ``pending`` names (every candidate of each) and stores, in ``plans`` and

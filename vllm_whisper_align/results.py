@@ -9,9 +9,12 @@ words are cut into segments (:func:`window_segments`). :func:`finish` runs them 
 
 from __future__ import annotations
 
+import functools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numba
 import numpy as np
 
 from vllm_whisper_align import timing, word_timing
@@ -283,6 +286,24 @@ def assemble(plan: Plan, results: Sequence[WindowResult | None]) -> dict[str, An
         if errors:
             body["alignment_errors"] = errors
     return body
+
+
+def finish_all(
+    plans: Sequence[Plan], outputs: Sequence[Sequence[WindowOutput]], fetched: Sequence[dict],
+    tokens: WhisperTokens,
+) -> list[dict[str, Any]]:
+    """:func:`finish` of every plan, the plans in parallel threads (NumPy and numba release the GIL):
+    long-form alignment's second pass is one plan per window. A pool of its own, as each plan's
+    DTWs take timing's."""
+    if len(plans) <= 1:
+        return [finish(plan, outs, fetched, tokens) for plan, outs in zip(plans, outputs, strict=True)]
+    pairs = zip(plans, outputs, strict=True)
+    return list(_plan_pool().map(lambda pair: finish(*pair, fetched, tokens), pairs))
+
+
+@functools.lru_cache(maxsize=None)
+def _plan_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="finish")
 
 
 def finish(
