@@ -404,12 +404,16 @@ PREFIX_TOKENS = 16
 PLACE_BAND_WORDS = 40
 MIN_PREFIX_MATCH = 0.25
 # A placed start is sure when at least PREFIX_SURE_MATCHES of the prefix's first PREFIX_SURE_WORDS
-# words equal the text's at the same places (a misheard word or two leave it sure). A sure start
-# needs no zone, and none is better: a window forced with its neighbour's words gives them its first
-# frames (measured: a 1.5 s error on a window's first word behind six such words). An unsure one
-# gets one word on each side per place that differs, forced in both windows (choose_cuts decides).
+# words equal the text's at the same places (a misheard word or two leave it sure) and at least
+# PREFIX_SURE_SHARE of all its words match. A sure start needs no zone, and none is better: a window
+# forced with its neighbour's words gives them its first frames (measured: a 1.5 s error on a
+# window's first word behind six such words). An unsure one shares, on each side, as many words as
+# the prefix has unmatched (at least the places that differ, at most ZONE_MAX_WORDS) with the window
+# before, forced in both (choose_cuts decides): a prefix matching 3 of 10 words was placed 6 words
+# late on the benchmark's continuous recording.
 PREFIX_SURE_WORDS = 4
 PREFIX_SURE_MATCHES = 2
+PREFIX_SURE_SHARE = 0.5
 # Every AGREEMENT_SPAN consecutive tokens of the text, each read in the window that keeps it, must hold
 # at least MIN_AGREEMENT tokens the model would have picked itself there (rank 1). Measured on tiny.en
 # (README): spoken text 0.58 at worst, a skipped paragraph of 10-21 words 0.2 at most.
@@ -458,10 +462,16 @@ def place_prefixes(
             return None
         if window:
             starts.append(position)
-            text = given[position : position + PREFIX_SURE_WORDS]
-            same = sum(a == b for a, b in zip(prefix[:PREFIX_SURE_WORDS], text, strict=False))
-            unsure.append(0 if same >= PREFIX_SURE_MATCHES else PREFIX_SURE_WORDS - same)
+            unsure.append(_zone_words(prefix, given[position : position + PREFIX_SURE_WORDS], matched))
     return np.array(starts, dtype=np.int64), np.array(unsure, dtype=np.int64)
+
+
+def _zone_words(prefix: Sequence[str], text: Sequence[str], matched: int) -> int:
+    """Words on each side of a placed start shared with the window before (PREFIX_SURE_WORDS...)."""
+    same = sum(a == b for a, b in zip(prefix[:PREFIX_SURE_WORDS], text, strict=False))
+    if same >= PREFIX_SURE_MATCHES and matched >= PREFIX_SURE_SHARE * len(prefix):
+        return 0
+    return min(max(PREFIX_SURE_WORDS - same, len(prefix) - matched), ZONE_MAX_WORDS)
 
 
 def _place(prefix: Sequence[str], given: Sequence[str], expected: int, earliest: int) -> tuple[int, int]:
