@@ -340,6 +340,24 @@ def test_forced_alignment_over_one_window(server):
     assert srt.status_code == 200 and len(SRT_CUE.findall(srt.text)) == len(clip.words)
 
 
+def test_forced_alignment_flags_a_skipped_paragraph_over_one_window(server):
+    """Text the speaker skipped fails the short first pass's check; the server aligns the recording
+    again from a full first pass, which alone flags the paragraph ``aligned: false``."""
+    clip = long_clip(65.0)
+    middle = len(clip.words) // 2
+    skipped = ("in the first chapter the author describes at some length how the northern villages "
+               "prepared for the long winter").split()
+    text = " ".join([*clip.words[:middle], *skipped, *clip.words[middle:]])
+    response = httpx.post(
+        f"{server}/v1/audio/alignments", files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
+        data={"model": "whisper-tiny.en", "text": text}, timeout=600,
+    )
+    assert response.status_code == 200, response.text
+    flags = [w["aligned"] for w in response.json()["words"]]
+    assert len(flags) == len(text.split())
+    assert not any(flags[middle : middle + len(skipped)])
+
+
 SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d\d\d) --> (\d\d:\d\d:\d\d,\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S)
 VTT_CUE = re.compile(
     r"(?:(\d\d):)?(\d\d:\d\d\.\d\d\d) --> (?:(\d\d):)?(\d\d:\d\d\.\d\d\d)\n(.+?)(?:\n\n|\n?$)", re.S

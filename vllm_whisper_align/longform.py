@@ -446,10 +446,10 @@ def prefix_alignment_plans(
 def place_prefixes(
     given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """First given word of each window, from the normalised words of its prefix, and the words on
-    each side of it its window shares with the one before (PREFIX_SURE_MATCHES; per start after the
-    first); None if a prefix is empty or matches nowhere near where the speaking rate so far expects
-    it."""
+    """First given word of each window, from the normalised words of its prefix, and, per start after
+    the first, the words on each side of it that its window shares with the one before
+    (:func:`_zone_words`); None if a prefix is empty or under MIN_PREFIX_MATCH of its words match
+    near where the speaking rate so far expects it."""
     starts, unsure = [0], []
     for window, prefix in enumerate(prefixes):
         expected = 0
@@ -467,7 +467,10 @@ def place_prefixes(
 
 
 def _zone_words(prefix: Sequence[str], text: Sequence[str], matched: int) -> int:
-    """Words on each side of a placed start shared with the window before (PREFIX_SURE_WORDS...)."""
+    """Words on each side of a start shared with the window before: none if the start is sure
+    (PREFIX_SURE_MATCHES of the prefix's first words equal ``text``'s, PREFIX_SURE_SHARE of all its
+    words ``matched``), else as many as the prefix has unmatched (at least the first places that
+    differ), at most ZONE_MAX_WORDS."""
     same = sum(a == b for a, b in zip(prefix[:PREFIX_SURE_WORDS], text, strict=False))
     if same >= PREFIX_SURE_MATCHES and matched >= PREFIX_SURE_SHARE * len(prefix):
         return 0
