@@ -367,12 +367,15 @@ def test_a_repeated_phrase_is_placed_at_the_repetition_the_rate_expects():
     assert starts[1] == 55 and text[55:60] == phrase
 
 
-def test_a_prefix_that_matches_nowhere_sends_the_recording_to_the_full_pass():
-    text = [normalise(w) for w in numbered("a", 60).split()]
-    durations = np.array([30.0, 30.0])
-    elsewhere = ["applause", "music", "cheering", "x"]
-    assert longform.place_prefixes(text, [text[:8], elsewhere], durations) is None
-    assert longform.place_prefixes(text, [text[:8], []], durations) is None  # nothing heard: silence
+def test_a_prefix_that_matches_nowhere_starts_its_window_where_the_rate_expects():
+    """Silence, music or speech the text lacks: the window starts where the rate expects it, with the
+    widest zone; the second pass's check decides whether that holds."""
+    text = [normalise(w) for w in numbered("a", 90).split()]
+    durations = np.array([30.0, 30.0, 30.0])
+    for heard in (["applause", "music", "cheering", "x"], []):
+        starts, unsure = longform.place_prefixes(text, [text[:8], heard, text[60:68]], durations)
+        np.testing.assert_array_equal(starts, [0, 30, 60])
+        np.testing.assert_array_equal(unsure, [longform.ZONE_MAX_WORDS, 0])
 
 
 def test_an_unsure_start_shares_words_with_the_window_before():
@@ -440,3 +443,11 @@ def test_a_window_without_a_result_sends_the_recording_to_the_full_pass(prefix_c
               for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
     bodies[1] = None
     assert not longform.text_is_heard(split, bodies)
+
+
+def test_only_recordings_up_to_ten_minutes_try_the_short_first_pass():
+    """Longer ones go straight to the full first pass: a check failing anywhere in them sends the
+    whole recording there anyway, after the short pass and a second pass (README)."""
+    limit = int(longform.SHORT_PASS_MAX_SECONDS * SAMPLE_RATE)
+    assert longform.tries_short_pass(np.zeros(limit, dtype=np.float32))
+    assert not longform.tries_short_pass(np.zeros(limit + 1, dtype=np.float32))

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES, SpilledSamples
+from vllm_whisper_align.audio import N_SAMPLES, SAMPLE_RATE, SpilledSamples
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -395,12 +395,17 @@ def _boundary(
 # window) is checked on the second pass's own output (text_is_heard); a recording that fails the check
 # is aligned again from a full first pass. Figures: README, "Long-form forced alignment".
 PREFIX_TOKENS = 16
+# Recordings up to this long try the short first pass. Its check fails the whole recording when any
+# stretch fails, and on long recordings of hard speech some stretch does: a 3-hour recording (the
+# benchmark's continuous one 36 times, 16 kbps Opus) had 12-token stretches of spoken text under
+# MIN_AGREEMENT in 7 of its 396 windows, and the fallback then took 378 s against 219 s for the full
+# first pass alone. At about that rate per window, 20 windows still pass more often than not.
+SHORT_PASS_MAX_SECONDS = 600.0
 # A prefix is looked for within this many words of where the speaking rate so far expects it, and
-# placed only where at least MIN_PREFIX_MATCH of its words match the text in order. Low: tiny.en
-# hears noisy or unusual voices badly (down to 3 of 10 words in a window of the benchmark's continuous
-# recording; at 0.5 both benchmark recordings took the full first pass), and a prefix placed wrong
-# forces text where the model does not hear it, which text_is_heard catches; this only spares the
-# second pass for windows whose prefix matches nothing.
+# placed only where at least MIN_PREFIX_MATCH of its words match the text in order (else its window
+# starts where the rate expects, with the widest zone). Low: tiny.en hears noisy or unusual voices
+# badly (down to 3 of 10 words in a window of the benchmark's continuous recording), and a prefix
+# placed wrong forces text where the model does not hear it, which text_is_heard catches.
 PLACE_BAND_WORDS = 40
 MIN_PREFIX_MATCH = 0.25
 # A placed start is sure when at least PREFIX_SURE_MATCHES of the prefix's first PREFIX_SURE_WORDS
@@ -424,19 +429,21 @@ MIN_AGREEMENT = 0.4
 MAX_WORD_SECONDS = 3.0
 
 
+def tries_short_pass(samples: np.ndarray | SpilledSamples) -> bool:
+    """Whether a recording tries the short first pass (SHORT_PASS_MAX_SECONDS)."""
+    return len(samples) <= SHORT_PASS_MAX_SECONDS * SAMPLE_RATE
+
+
 def prefix_alignment_plans(
     heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
     token_ids: Sequence[int], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> tuple[Split, list[decoding.Plan | None]] | None:
     """As :func:`alignment_plans`, from each window's first PREFIX_TOKENS tokens (``bodies``); None
-    where a prefix cannot be placed: the recording takes the full first pass."""
+    where a window's share would not fit the decoder: the recording takes the full first pass."""
     given = text_words(token_ids, tokens, language)
     prefixes = [[w.key for w in heard_words(body["text"], tokens, language)] for body in bodies]
     durations = np.array([plan.windows[0].duration for plan in heard])
-    placed = place_prefixes([w.key for w in given], prefixes, durations)
-    if placed is None:
-        return None
-    split = prefix_split(given, *placed)
+    split = prefix_split(given, *place_prefixes([w.key for w in given], prefixes, durations))
     try:
         return split, window_plans(split, heard, [[] for _ in heard], tokens, language, alignment_method)
     except decoding.AlignmentInputError:  # a share too long for the decoder: the full pass decides
@@ -445,11 +452,12 @@ def prefix_alignment_plans(
 
 def place_prefixes(
     given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray
-) -> tuple[np.ndarray, np.ndarray] | None:
+) -> tuple[np.ndarray, np.ndarray]:
     """First given word of each window, from the normalised words of its prefix, and, per start after
     the first, the words on each side of it that its window shares with the one before
-    (:func:`_zone_words`); None if a prefix is empty or under MIN_PREFIX_MATCH of its words match
-    near where the speaking rate so far expects it."""
+    (:func:`_zone_words`). A prefix that is empty or of which under MIN_PREFIX_MATCH of the words match
+    near where the speaking rate so far expects it starts its window there, ZONE_MAX_WORDS each side:
+    one such window in a 3-hour recording sent it all to the full first pass."""
     starts, unsure = [0], []
     for window, prefix in enumerate(prefixes):
         expected = 0
@@ -458,11 +466,15 @@ def place_prefixes(
             rate = starts[-1] / elapsed if starts[-1] and elapsed else len(given) / durations.sum()
             expected = int(round(starts[-1] + rate * durations[window - 1]))
         position, matched = _place(prefix, given, expected, starts[-1])
-        if not prefix or matched < MIN_PREFIX_MATCH * len(prefix):
-            return None
-        if window:
+        placed = bool(prefix) and matched >= MIN_PREFIX_MATCH * len(prefix)
+        if not window:
+            continue
+        if placed:
             starts.append(position)
             unsure.append(_zone_words(prefix, given[position : position + PREFIX_SURE_WORDS], matched))
+        else:  # where the rate expects it, as unsure as a start can be; text_is_heard decides
+            starts.append(max(starts[-1], min(expected, len(given))))
+            unsure.append(ZONE_MAX_WORDS)
     return np.array(starts, dtype=np.int64), np.array(unsure, dtype=np.int64)
 
 

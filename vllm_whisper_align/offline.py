@@ -218,11 +218,17 @@ class WhisperAligner:
         self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str
     ) -> list[dict]:
         """``longform``'s two passes, each one ``generate`` call over every window of every input: first
-        from each window's prefix, then, for the inputs that fail ``longform.text_is_heard``, from a
-        full first pass."""
+        from each window's prefix (inputs that ``longform.tries_short_pass``), then, for the others and
+        those that fail ``longform.text_is_heard``, from a full first pass."""
         language = language or "en"
         given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
-        answers = self._align_windows(samples, given_ids, language, alignment_method, short=True)
+        answers: list[dict | None] = [None] * len(samples)
+        short = [i for i, s in enumerate(samples) if longform.tries_short_pass(s)]
+        if short:
+            first = self._align_windows([samples[i] for i in short], [given_ids[i] for i in short], language,
+                                        alignment_method, short=True)
+            for i, answer in zip(short, first, strict=True):
+                answers[i] = answer
         again = [i for i, answer in enumerate(answers) if answer is None]
         if again:
             full = self._align_windows([samples[i] for i in again], [given_ids[i] for i in again], language,

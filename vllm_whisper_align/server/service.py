@@ -227,17 +227,19 @@ class AlignmentService:
         self, samples: np.ndarray, request_id: str, text: str | None, token_ids: list[int] | None,
         language: str, field: str, alignment_method: str,
     ) -> dict[str, Any]:
-        """``longform``'s two passes, first from each window's prefix, then, if the result fails
-        ``longform.text_is_heard``, from a full first pass; the windows of each pass run concurrently,
-        so they batch together."""
+        """``longform``'s two passes, first from each window's prefix (if ``longform.tries_short_pass``),
+        then, if not or if the result fails ``longform.text_is_heard``, from a full first pass; the
+        windows of each pass run concurrently, so they batch together."""
         try:
             longform.check_method(alignment_method)
             given = decoding.text_to_tokens(text, token_ids, self.tokens)
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
         slots = asyncio.Semaphore(self.windows_in_flight)  # one request: its windows share them
-        body = await self._align_windows(samples, f"{request_id}-p", given, language, alignment_method,
-                                         field, slots, short=True)
+        body = None
+        if longform.tries_short_pass(samples):
+            body = await self._align_windows(samples, f"{request_id}-p", given, language, alignment_method,
+                                             field, slots, short=True)
         if body is None:
             body = await self._align_windows(samples, request_id, given, language, alignment_method, field,
                                              slots, short=False)
