@@ -6,9 +6,9 @@ transcription with word timestamps, on the same recordings (issue #10's throughp
 Recordings built by the tests' speech helpers (espeak-ng, every word's start known): 3 minutes of words
 with pauses and about 4.4 minutes of nearly continuous speech (40 ms between words). Each round aligns
 each recording with the short first pass, then with the full one (``longform.prefix_alignment_plans``
-made to decline, as when its prefixes cannot be placed), then transcribes it; one recording at a time,
-after a warm-up. Prints wall times, start MAE and the share of starts within 50 / 100 ms, and how many
-alignments fell back to the full first pass (``longform.text_is_heard`` failed).
+made to decline, as when a window's share would overflow the decoder), then transcribes it; one
+recording at a time, after a warm-up. Prints wall times, start MAE and the share of starts within
+50 / 100 ms, and how many alignments fell back to the full first pass (``longform.text_is_heard`` failed).
 """
 
 from __future__ import annotations
