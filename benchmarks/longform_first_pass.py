@@ -8,7 +8,8 @@ with pauses and about 4.4 minutes of nearly continuous speech (40 ms between wor
 each recording with the short first pass, then with the full one (``longform.prefix_alignment_plans``
 made to decline, as when a window's share would overflow the decoder), then transcribes it; one
 recording at a time, after a warm-up. Prints wall times, start MAE and the share of starts within
-50 / 100 ms, and how many alignments fell back to the full first pass (``longform.text_is_heard`` failed).
+50 / 100 ms, and how many windows failed the check (``longform.unheard_windows``) and were aligned
+again, with their neighbours, from a full first pass.
 """
 
 from __future__ import annotations
@@ -44,18 +45,18 @@ def main() -> None:
     args = parser.parse_args()
     from vllm_whisper_align.offline import WhisperAligner
 
-    short_plans, check = longform.prefix_alignment_plans, longform.text_is_heard
+    short_plans, check = longform.prefix_alignment_plans, longform.unheard_windows
     state = {"short": True, "fallbacks": 0}
 
     def prefix_plans(*a, **k):
         return short_plans(*a, **k) if state["short"] else None
 
     def checked(*a, **k):
-        passed = check(*a, **k)
-        state["fallbacks"] += not passed
-        return passed
+        failed = check(*a, **k)
+        state["fallbacks"] += int(failed.sum())
+        return failed
 
-    longform.prefix_alignment_plans, longform.text_is_heard = prefix_plans, checked
+    longform.prefix_alignment_plans, longform.unheard_windows = prefix_plans, checked
     clips = {"pauses": long_clip(180), "continuous": continuous_clip(600)}
     with WhisperAligner(dtype=args.dtype) as aligner:
         warm = clips["pauses"]
@@ -72,7 +73,7 @@ def main() -> None:
                     wall = times[name, label][-1]
                     print(f"{name} {label}: {wall:.2f} s, start MAE {errors.mean() * 1000:.1f} ms, "
                           f"within 50 / 100 ms {np.mean(errors <= 0.05):.1%} / {np.mean(errors <= 0.1):.1%}, "
-                          f"fell back {state['fallbacks']}", flush=True)
+                          f"windows failing the check {state['fallbacks']}", flush=True)
                 began = time.perf_counter()
                 aligner.transcribe([clip.samples], word_timestamps=True)
                 times.setdefault((name, "transcribe"), []).append(time.perf_counter() - began)

@@ -194,6 +194,14 @@ def test_text_words_group_like_the_alignment(tokens):
     assert [t for w in words for t in w.tokens] == ids
 
 
+def given_of(tokens, text: str) -> list[TextWord]:
+    return longform.text_words(tokens.encode(" " + text), tokens, "en")
+
+
+def finished(split, plans, bodies, tokens, duration: float = 70.0) -> dict:
+    return longform.finish(split.words, longform.Reading.read(split, plans, bodies), tokens, duration, "en")
+
+
 def heard_plans(tokens, seconds: float):
     samples = np.random.default_rng(0).standard_normal(int(seconds * SAMPLE_RATE)).astype(np.float32) * 0.01
     return longform.transcription_plans(samples, tokens, "en", [])
@@ -219,7 +227,7 @@ def test_a_share_over_the_context_is_refused_with_its_window(tokens):
     text = f"first part {middle} third part"
     start, end = plans[1].windows[0].offset, plans[1].windows[0].offset + plans[1].windows[0].duration
     with pytest.raises(AlignmentInputError, match=rf"falls in {start:.1f}-{end:.1f} s is 50\d tokens.*448"):
-        longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+        longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
 
 
 def fake_body(split, window: int, plan, first_start: float, spacing: float, probability: float = 0.9):
@@ -243,11 +251,11 @@ def test_finish_returns_every_word_in_order(tokens):
     text = f"{spoken[0]}. {skipped}. {spoken[1]}. {spoken[2]}."
     bodies = [{"text": s} for s in spoken]
     split, aligned_plans = longform.alignment_plans(
-        plans, bodies, tokens, tokens.encode(" " + text), "en"
+        plans, bodies, tokens, given_of(tokens, text), "en"
     )
     assert all(p.windows[0].offset == h.windows[0].offset for p, h in zip(aligned_plans, plans, strict=True))
     results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
-    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    body = finished(split, aligned_plans, results, tokens)
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text == body["text"]
     flags = [w["aligned"] for w in words]
@@ -268,11 +276,11 @@ def test_finish_without_a_window_result(tokens):
     plans = heard_plans(tokens, 70)
     spoken = ["alpha beta gamma", "delta epsilon zeta", "eta theta iota"]
     split, aligned_plans = longform.alignment_plans(
-        plans, [{"text": s} for s in spoken], tokens, tokens.encode(" " + " ".join(spoken)), "en"
+        plans, [{"text": s} for s in spoken], tokens, given_of(tokens, " ".join(spoken)), "en"
     )
     results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
     results[1] = {"text": "", "words": [], "tokens": [], "segments": [], "alignment_errors": ["no alignment"]}
-    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    body = finished(split, aligned_plans, results, tokens)
     assert [w["aligned"] for w in body["words"]] == [True] * 3 + [False] * 3 + [True] * 3
     assert body["alignment_errors"] == ["no alignment"]
 
@@ -308,7 +316,7 @@ def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
     aside = "what a lovely day it is outside"
     bodies = [{"text": f"{spoken[0]} {aside} {spoken[1]}"}, {"text": ""}, {"text": spoken[2]}]
     text = " ".join(spoken)
-    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
     items = split.items(0, split.fillers[0])
     kinds = ["given" if index >= 0 else "filler" for index, _ in items]
     assert kinds[:4] == ["given"] * 4 and kinds[4:11] == ["filler"] * 7 and set(kinds[11:]) <= {"given"}
@@ -316,7 +324,7 @@ def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
     assert forced == [t for _, word_tokens in items for t in word_tokens]
     results = [fake_body(split, w, p, 1.0, 0.5) if p is not None else None
                for w, p in enumerate(aligned_plans)]
-    body = longform.finish(split, aligned_plans, results, tokens, 70.0, "en")
+    body = finished(split, aligned_plans, results, tokens)
     assert "".join(w["word"] for w in body["words"]).strip() == text
     assert all(w["aligned"] for w in body["words"])
     starts = [w["start"] for w in body["words"]]
@@ -331,7 +339,7 @@ def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
                      for _ in range(200))
     bodies = [{"text": f"alpha beta {aside} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
     text = "alpha beta gamma delta epsilon zeta eta theta"
-    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, tokens.encode(" " + text), "en")
+    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
     assert split.extra[0] and not split.fillers.get(0)
     assert all(index >= 0 for index, _ in split.items(0, split.fillers.get(0, ())))
 
@@ -408,46 +416,136 @@ def prefix_case(tokens):
     return split, window_plans, num_tokens
 
 
+def unheard(split, plans, bodies) -> list[int]:
+    return list(np.flatnonzero(longform.unheard_windows(longform.Reading.read(split, plans, bodies))))
+
+
 def test_text_the_model_would_say_is_heard(prefix_case):
     split, plans, num_tokens = prefix_case
     ranks = [[1, 1, 1, 2] * (n // 4) + [1] * (n % 4) for n in num_tokens]  # 75% agreement
     bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
-    assert longform.text_is_heard(split, bodies)
+    assert unheard(split, plans, bodies) == []
 
 
-def test_text_the_model_does_not_hear_sends_the_recording_to_the_full_pass(prefix_case):
+def test_text_the_model_does_not_hear_fails_the_windows_that_keep_it(prefix_case):
     split, plans, num_tokens = prefix_case
     ranks = [[1] * n for n in num_tokens]
     ranks[1][5:13] = [7] * 8  # eight tokens in a row the model would not say: a skipped stretch
     bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
-    assert not longform.text_is_heard(split, bodies)
-    # The same stretch cut by a window boundary is read whole, in text order.
+    assert unheard(split, plans, bodies) == [1]
+    # Seven in twelve leave five the model would say: above MIN_AGREEMENT.
+    ranks[1][5] = 1
+    bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
+    assert unheard(split, plans, bodies) == []
+    # The same stretch cut by a window boundary is read whole, in text order: both windows fail.
     ranks = [[1] * n for n in num_tokens]
     ranks[0][-4:], ranks[1][:4] = [7] * 4, [7] * 4
     bodies = [ranked_body(split, w, p, r) for w, (p, r) in enumerate(zip(plans, ranks, strict=True))]
-    assert not longform.text_is_heard(split, bodies)
+    assert unheard(split, plans, bodies) == [0, 1]
 
 
-def test_a_word_spanning_an_aside_sends_the_recording_to_the_full_pass(prefix_case):
+def test_a_word_spanning_an_aside_fails_its_window(prefix_case):
     split, plans, num_tokens = prefix_case
     bodies = [ranked_body(split, w, p, [1] * n)
               for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
-    assert longform.text_is_heard(split, bodies)
+    assert unheard(split, plans, bodies) == []
     bodies[2]["words"][3]["end"] = bodies[2]["words"][3]["start"] + longform.MAX_WORD_SECONDS + 0.5
-    assert not longform.text_is_heard(split, bodies)
+    assert unheard(split, plans, bodies) == [2]
 
 
-def test_a_window_without_a_result_sends_the_recording_to_the_full_pass(prefix_case):
+def test_a_window_without_a_result_fails(prefix_case):
     split, plans, num_tokens = prefix_case
     bodies = [ranked_body(split, w, p, [1] * n)
               for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
     bodies[1] = None
-    assert not longform.text_is_heard(split, bodies)
+    assert unheard(split, plans, bodies) == [1]
 
 
-def test_only_recordings_up_to_ten_minutes_try_the_short_first_pass():
-    """Longer ones go straight to the full first pass: a check failing anywhere in them sends the
-    whole recording there anyway, after the short pass and a second pass (README)."""
-    limit = int(longform.SHORT_PASS_MAX_SECONDS * SAMPLE_RATE)
-    assert longform.tries_short_pass(np.zeros(limit, dtype=np.float32))
-    assert not longform.tries_short_pass(np.zeros(limit + 1, dtype=np.float32))
+def test_failed_windows_are_aligned_again_with_their_neighbours():
+    def regions(*failed: int, num_windows: int = 8) -> list[tuple[int, int]]:
+        return longform.realign_regions(np.isin(np.arange(num_windows), failed))
+
+    assert regions() == []
+    assert regions(3) == [(2, 5)]
+    assert regions(0, 7) == [(0, 2), (6, 8)]
+    assert regions(1, 4) == [(0, 6)]  # runs that meet are one
+    assert regions(1, 5) == [(0, 3), (4, 7)]
+
+
+class FakeEngine:
+    """Answers alignment_steps' plans as the engine would for speech of ``spoken`` (per window: its
+    words): a prefix step hears each window's first words, a full one all of them, and a forced window
+    gets its tokens one after another, 0.3 s apart from 1 s after its offset, each of rank 1 except
+    those of ``unheard`` words in the short pass. Records the windows each step ran."""
+
+    def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset()):
+        self.tokens, self.offsets, self.spoken, self.unheard = tokens, [w.offset for w in windows], spoken, unheard
+        self.steps: list[tuple[str, list[int]]] = []
+
+    def run(self, name: str, plans) -> list[dict]:
+        windows = [self.offsets.index(plan.windows[0].offset) for plan in plans]
+        self.steps.append((name, windows))
+        if name.endswith("h"):
+            count = 6 if name == "p-h" else None
+            return [{"text": " ".join(self.spoken[w].split()[:count])} for w in windows]
+        return [self.forced(plan, probability=0.9 if name == "p-a" else 0.8, short=name == "p-a")
+                for plan in plans]
+
+    def forced(self, plan, probability: float, short: bool) -> dict:
+        window = plan.windows[0]
+        words = longform.text_words(window.forced_tokens, self.tokens, "en")
+        entries, ranks, time = [], [], window.offset + 1.0
+        for word in words:
+            for token in word.tokens:
+                entries.append({"id": token, "text": "", "start": time, "end": time + 0.2,
+                                "probability": probability})
+                ranks.append(7 if short and word.key in self.unheard else 1)
+            time += 0.3
+        return {"text": "", "words": [], "tokens": entries, "segments": [], "token_ranks": ranks}
+
+
+def drive(engine: FakeEngine, steps) -> dict:
+    step, body = longform.advance(steps, None)
+    while step is not None:
+        step, body = longform.advance(steps, engine.run(*step))
+    return body
+
+
+@pytest.fixture
+def five_windows(tokens):
+    samples = np.random.default_rng(0).standard_normal(140 * SAMPLE_RATE).astype(np.float32) * 0.01
+    windows = [p.windows[0] for p in longform.transcription_plans(samples, tokens, "en", [])]
+    assert len(windows) == 5
+    spoken = [numbered(name, 12) for name in ("alpha", "beta", "gamma", "delta", "echo")]
+    return samples, windows, spoken
+
+
+def test_clean_text_takes_the_short_first_pass_alone(tokens, five_windows):
+    samples, windows, spoken = five_windows
+    engine = FakeEngine(tokens, windows, spoken)
+    text = " ".join(spoken)
+    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    assert engine.steps == [("p-h", [0, 1, 2, 3, 4]), ("p-a", [4, 3, 2, 1, 0])]
+    assert "".join(w["word"] for w in body["words"]).strip() == text
+    assert all(w["aligned"] and w["probability"] == pytest.approx(0.9) for w in body["words"])
+    starts = np.array([w["start"] for w in body["words"]])
+    np.testing.assert_allclose(starts[::12], [w.offset + 1.0 for w in windows])
+
+
+def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, five_windows):
+    """Window 3's text fails the check: windows 2-4 are transcribed whole and aligned again; windows 0
+    and 1 keep the short pass's words."""
+    samples, windows, spoken = five_windows
+    engine = FakeEngine(tokens, windows, spoken, unheard={f"delta{i}" for i in range(12)})
+    text = " ".join(spoken)
+    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    assert engine.steps == [("p-h", [0, 1, 2, 3, 4]), ("p-a", [4, 3, 2, 1, 0]),
+                            ("h", [2, 3, 4]), ("a", [4, 3, 2])]
+    words = body["words"]
+    assert "".join(w["word"] for w in words).strip() == text
+    assert all(w["aligned"] for w in words)
+    probabilities = np.array([w["probability"] for w in words])
+    np.testing.assert_allclose(probabilities, np.repeat([0.9, 0.8], [24, 36]))
+    starts = np.array([w["start"] for w in words])
+    np.testing.assert_allclose(starts[::12], [w.offset + 1.0 for w in windows])
+    assert np.all(np.diff(starts) > 0)

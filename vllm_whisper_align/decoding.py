@@ -194,7 +194,7 @@ class Plan:
     word_timestamps: bool = True
     fallback: FallbackOptions = field(default_factory=FallbackOptions)
     # The body carries ``token_ranks`` (WindowOutput.token_ranks, forced windows): long-form
-    # alignment checks its windows' text with them (``longform.text_is_heard``).
+    # alignment checks its windows' text with them (``longform.unheard_windows``).
     report_ranks: bool = False
     # Per window still falling back: its most likely attempt so far, kept in case every temperature
     # fails the test (see fall_back).

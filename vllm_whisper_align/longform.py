@@ -2,13 +2,15 @@
 joining the windows back.
 
 Whisper aligns one 30 s window at a time, so text of any length is aligned to audio of any length in
-two engine passes, each a batch of all windows:
+two engine passes, each a batch of all windows (:func:`alignment_steps` drives them):
 
 0. The short way, tried first: each window decodes only its first PREFIX_TOKENS tokens
    (:func:`transcription_plans` with ``max_tokens``), :func:`prefix_alignment_plans` lays each prefix
-   on the text (:func:`place_prefixes`) and forces every window's share (step 3); the result stands
-   if :func:`text_is_heard` finds in the second pass's own token ranks and word spans no text the
-   model does not hear and no aside. Otherwise (or if a prefix cannot be placed) steps 1-4:
+   on the text (:func:`place_prefixes`) and forces every window's share (step 3). A window's words
+   stand unless :func:`unheard_windows` finds in the second pass's own token ranks and word spans
+   text the model does not hear, or an aside. Such windows and their neighbours
+   (:func:`realign_regions`) go through steps 1-4 with the text they kept between them; all windows
+   do if a share overflows the decoder:
 1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
    ``audio.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
 2. :func:`split_text`: the given words are matched to the heard words (normalised, minimum edit
@@ -35,12 +37,12 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Generator, Sequence
 
 import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES, SAMPLE_RATE, SpilledSamples
+from vllm_whisper_align.audio import N_SAMPLES, SAMPLE_RATE, SpilledSamples, true_runs
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
 
@@ -392,20 +394,15 @@ def _boundary(
 # The first pass need not hear whole windows to place their text: each window's first PREFIX_TOKENS
 # tokens, laid on the text where the speaking rate so far expects them, say where its share begins.
 # What only a whole transcript shows (text not in the audio, audio not in the text, a misplaced
-# window) is checked on the second pass's own output (text_is_heard); a recording that fails the check
-# is aligned again from a full first pass. Figures: README, "Long-form forced alignment".
+# window) is checked on the second pass's own output (unheard_windows); a window that fails the check
+# is aligned again, with its neighbours, from a full first pass. Figures: README, "Long-form forced
+# alignment".
 PREFIX_TOKENS = 16
-# Recordings up to this long try the short first pass. Its check fails the whole recording when any
-# stretch fails, and on long recordings of hard speech some stretch does: a 3-hour recording (the
-# benchmark's continuous one 36 times, 16 kbps Opus) had 12-token stretches of spoken text under
-# MIN_AGREEMENT in 7 of its 396 windows, and the fallback then took 378 s against 219 s for the full
-# first pass alone. At about that rate per window, 20 windows still pass more often than not.
-SHORT_PASS_MAX_SECONDS = 600.0
 # A prefix is looked for within this many words of where the speaking rate so far expects it, and
 # placed only where at least MIN_PREFIX_MATCH of its words match the text in order (else its window
 # starts where the rate expects, with the widest zone). Low: tiny.en hears noisy or unusual voices
 # badly (down to 3 of 10 words in a window of the benchmark's continuous recording), and a prefix
-# placed wrong forces text where the model does not hear it, which text_is_heard catches.
+# placed wrong forces text where the model does not hear it, which unheard_windows catches.
 PLACE_BAND_WORDS = 40
 MIN_PREFIX_MATCH = 0.25
 # A placed start is sure when at least PREFIX_SURE_MATCHES of the prefix's first PREFIX_SURE_WORDS
@@ -429,18 +426,12 @@ MIN_AGREEMENT = 0.4
 MAX_WORD_SECONDS = 3.0
 
 
-def tries_short_pass(samples: np.ndarray | SpilledSamples) -> bool:
-    """Whether a recording tries the short first pass (SHORT_PASS_MAX_SECONDS)."""
-    return len(samples) <= SHORT_PASS_MAX_SECONDS * SAMPLE_RATE
-
-
 def prefix_alignment_plans(
     heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    token_ids: Sequence[int], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+    given: list[TextWord], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> tuple[Split, list[decoding.Plan | None]] | None:
     """As :func:`alignment_plans`, from each window's first PREFIX_TOKENS tokens (``bodies``); None
     where a window's share would not fit the decoder: the recording takes the full first pass."""
-    given = text_words(token_ids, tokens, language)
     prefixes = [[w.key for w in heard_words(body["text"], tokens, language)] for body in bodies]
     durations = np.array([plan.windows[0].duration for plan in heard])
     split = prefix_split(given, *place_prefixes([w.key for w in given], prefixes, durations))
@@ -456,8 +447,9 @@ def place_prefixes(
     """First given word of each window, from the normalised words of its prefix, and, per start after
     the first, the words on each side of it that its window shares with the one before
     (:func:`_zone_words`). A prefix that is empty or of which under MIN_PREFIX_MATCH of the words match
-    near where the speaking rate so far expects it starts its window there, ZONE_MAX_WORDS each side:
-    one such window in a 3-hour recording sent it all to the full first pass."""
+    near where the speaking rate so far expects it starts its window there, ZONE_MAX_WORDS each side
+    (a floor sent 12 of 396 windows of a 3-hour recording to the full first pass, when one such
+    window sent the whole recording there)."""
     starts, unsure = [0], []
     for window, prefix in enumerate(prefixes):
         expected = 0
@@ -472,7 +464,7 @@ def place_prefixes(
         if placed:
             starts.append(position)
             unsure.append(_zone_words(prefix, given[position : position + PREFIX_SURE_WORDS], matched))
-        else:  # where the rate expects it, as unsure as a start can be; text_is_heard decides
+        else:  # where the rate expects it, as unsure as a start can be; unheard_windows decides
             starts.append(max(starts[-1], min(expected, len(given))))
             unsure.append(ZONE_MAX_WORDS)
     return np.array(starts, dtype=np.int64), np.array(unsure, dtype=np.int64)
@@ -527,41 +519,48 @@ def prefix_split(words: list[TextWord], starts: np.ndarray, unsure: np.ndarray) 
     return Split(words, np.ones(len(words), dtype=bool), estimates, zones, [[] for _ in starts])
 
 
-def text_is_heard(split: Split, bodies: Sequence[dict[str, Any] | None]) -> bool:
-    """Whether the second pass over a :func:`prefix_split` holds what a full first pass would have
-    caught: every word has a window, the text agrees with what the model hears (AGREEMENT_SPAN,
-    MIN_AGREEMENT, read in text order across windows, so that a paragraph cut by a boundary is seen
-    whole), and no word spans an aside (MAX_WORD_SECONDS)."""
-    windows = [_WindowWords.read(split, w, body) for w, body in enumerate(bodies)]
-    owner = owners(split, choose_cuts(split, [w.logprobs for w in windows]))
+def unheard_windows(reading: Reading) -> np.ndarray:
+    """Per window of a :func:`prefix_split`'s second pass, whether the text it keeps fails what a full
+    first pass would have caught: it has no usable result, or some AGREEMENT_SPAN consecutive tokens
+    it keeps (read in text order across windows, so that a paragraph cut by a boundary is seen
+    whole) hold under MIN_AGREEMENT tokens the model would have said itself, or one of its words
+    spans an aside (MAX_WORD_SECONDS)."""
+    failed = np.zeros(len(reading.windows), dtype=bool)
     agreement: list[np.ndarray] = []
-    for index, window in enumerate(owner):
+    holder: list[np.ndarray] = []
+    for index, window in enumerate(reading.owner):
         if window < 0:
-            return False
-        words = windows[window]
-        body = bodies[window]
-        if not words.usable or body is None or index not in words.share:
-            return False
-        ranks = body.get("token_ranks") or []
-        if len(ranks) != words.token_start[-1]:
-            return False
-        position = words.share[index]
-        lo, hi = words.token_start[position], words.token_start[position + 1]
-        agreement.append(np.asarray(ranks[lo:hi]) == 1)
-        timed = body.get("words") or []
-        if len(timed) == words.num_items:
-            if timed[position]["end"] - timed[position]["start"] > MAX_WORD_SECONDS:
-                return False
-    return _agrees(np.concatenate(agreement) if agreement else np.zeros(0, dtype=bool))
+            continue
+        words = reading.windows[window]
+        said = words.said(index)
+        if said is None:
+            failed[window] = True
+            continue
+        agreement.append(said)
+        holder.append(np.full(len(said), window))
+        failed[window] |= words.seconds(index) > MAX_WORD_SECONDS
+    if agreement:
+        failed[np.concatenate(holder)[_disagreeing(np.concatenate(agreement))]] = True
+    return failed
 
 
-def _agrees(agreement: np.ndarray) -> bool:
-    """Every AGREEMENT_SPAN consecutive tokens (all, if fewer) hold MIN_AGREEMENT tokens of rank 1."""
-    if len(agreement) == 0:
-        return True
+def _disagreeing(agreement: np.ndarray) -> np.ndarray:
+    """Per token, whether it is not of rank 1 and lies in AGREEMENT_SPAN consecutive tokens (all, if
+    fewer) holding under MIN_AGREEMENT tokens of rank 1 (the window before such a stretch keeps
+    only tokens the model would say, and passes)."""
     span = min(AGREEMENT_SPAN, len(agreement))
     counts = np.convolve(agreement.astype(np.float64), np.ones(span), mode="valid")
-    return bool(counts.min() >= MIN_AGREEMENT * span - 1e-9)
+    low = (counts < MIN_AGREEMENT * span - 1e-9).astype(np.float64)
+    return (np.convolve(low, np.ones(span), mode="full")[: len(agreement)] > 0) & ~agreement
+
+
+def realign_regions(failed: np.ndarray) -> list[tuple[int, int]]:
+    """The windows to align again from a full first pass, as [first, end) runs: each failed window
+    and its neighbours (a misplaced or skipped stretch moves the text at the boundaries it shares),
+    runs that meet merged."""
+    marked = np.convolve(np.asarray(failed, dtype=np.int64), np.ones(3, dtype=np.int64), mode="same") > 0
+    starts, ends = true_runs(marked)
+    return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
 
 def choose_cuts(split: Split, logprobs: Sequence[np.ndarray]) -> np.ndarray:
@@ -635,11 +634,10 @@ def transcription_plans(
 
 def alignment_plans(
     heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    token_ids: Sequence[int], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+    given: list[TextWord], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> tuple[Split, list[decoding.Plan | None]]:
-    """The text (``decoding.text_to_tokens``'s ids) split over the windows of ``heard`` (transcribed
-    as ``bodies``), and one alignment plan per window (None for a window without text)."""
-    given = text_words(token_ids, tokens, language)
+    """The given words (:func:`text_words`) split over the windows of ``heard`` (transcribed as
+    ``bodies``), and one alignment plan per window (None for a window without text)."""
     transcribed = [heard_words(body["text"], tokens, language) for body in bodies]
     split = split_text(given, [[w.key for w in words] for words in transcribed])
     return split, window_plans(split, heard, transcribed, tokens, language, alignment_method)
@@ -696,40 +694,137 @@ def in_window_order(
     return placed
 
 
+# ---------------------------------------------------------------------------- the steps
+
+# What a step asks the caller to run: a name (for request ids) and its plans, run concurrently.
+Step = tuple[str, list[decoding.Plan]]
+# A recording's alignment, step by step: each ``yield`` hands out a Step and takes back its plans'
+# bodies, in order; the generator returns the finished body.
+Steps = Generator[Step, list[dict[str, Any]], dict[str, Any]]
+
+
+def alignment_steps(
+    samples: np.ndarray | SpilledSamples, token_ids: Sequence[int], tokens: WhisperTokens, language: str,
+    suppress_tokens: Sequence[int], alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+) -> Steps:
+    """The engine work of one recording's long-form alignment (module docstring): the short first pass
+    and its second pass; then, for the windows whose text fails :func:`unheard_windows` and their
+    neighbours (:func:`realign_regions`), or for all of them if a prefix's share overflowed the
+    decoder, a full first pass and a second pass over the text those windows kept. Both doors drive
+    it: the offline API runs one step of every recording in one ``generate`` call, the server each
+    step's plans concurrently."""
+    given = text_words(token_ids, tokens, language)
+    prefixes = transcription_plans(samples, tokens, language, suppress_tokens, PREFIX_TOKENS)
+    heard = yield "p-h", prefixes
+    entry = prefix_alignment_plans(prefixes, heard, tokens, given, language, alignment_method)
+    if entry is None:
+        reading, regions = None, [(0, len(prefixes))]
+    else:
+        split, plans = entry
+        reading = Reading.read(split, plans, (yield from _second_pass("p-a", plans)))
+        regions = realign_regions(unheard_windows(reading))
+    if regions:
+        full = transcription_plans(samples, tokens, language, suppress_tokens)
+        wanted = [k for first, end in regions for k in range(first, end)]
+        transcripts = dict(zip(wanted, (yield "h", [full[k] for k in wanted]), strict=True))
+        ranges = [reading.text_range(*region) if reading else (0, len(given)) for region in regions]
+        redo = [
+            alignment_plans(full[first:end], [transcripts[k] for k in range(first, end)], tokens,
+                            given[lo:hi], language, alignment_method)
+            for (first, end), (lo, hi) in zip(regions, ranges, strict=True)
+        ]
+        bodies = iter((yield from _second_pass("a", [p for _, plans in redo for p in plans])))
+        for (first, _), (lo, _), (split, plans) in zip(regions, ranges, redo, strict=True):
+            redone = Reading.read(split, plans, [next(bodies) for _ in plans], lo)
+            if reading is None:
+                reading = redone
+            else:
+                reading.replace(first, lo, redone)
+    return finish(given, reading, tokens, len(samples) / SAMPLE_RATE, language)
+
+
+def _second_pass(name: str, plans: Sequence[decoding.Plan | None]) -> Generator[Step, Any, list]:
+    """The windows with text, in :func:`second_pass_order`; their bodies back in window order."""
+    order = second_pass_order(plans)
+    return in_window_order(order, (yield name, [plans[k] for k in order]), len(plans))
+
+
+def advance(steps: Steps, bodies: list[dict[str, Any]] | None) -> tuple[Step | None, dict[str, Any] | None]:
+    """(the next step, None), or (None, the finished body): ``steps`` given the last step's bodies
+    (None to start). StopIteration cannot cross an asyncio future, hence this."""
+    try:
+        return steps.send(bodies), None
+    except StopIteration as done:
+        return None, done.value
+
+
 # ---------------------------------------------------------------------------- joining
 
 
+@dataclass
+class Reading:
+    """A second pass read against its split: each window's result, and the window that keeps each
+    given word (after :func:`choose_cuts`)."""
+
+    windows: list[_WindowWords]
+    plans: list[decoding.Plan | None]
+    cuts: np.ndarray  # per boundary: the first word kept by the window after it
+    owner: np.ndarray  # per given word: its window, -1 where aligned nowhere
+
+    @classmethod
+    def read(
+        cls, split: Split, plans: Sequence[decoding.Plan | None], bodies: Sequence[dict[str, Any] | None],
+        first_word: int = 0,
+    ) -> Reading:
+        """``bodies`` (per window, in window order) against ``split``, whose words are the given
+        words from ``first_word`` on."""
+        windows = [_WindowWords.read(split, w, body, first_word) for w, body in enumerate(bodies)]
+        cuts = choose_cuts(split, [w.logprobs for w in windows])
+        return cls(windows, list(plans), cuts, owners(split, cuts))
+
+    def text_range(self, first: int, end: int) -> tuple[int, int]:
+        """[lo, hi) of the given words kept by windows [first, end), all of them aligned."""
+        lo = int(self.cuts[first - 1]) if first > 0 else 0
+        hi = int(self.cuts[end - 1]) if end < len(self.windows) else len(self.owner)
+        return lo, hi
+
+    def replace(self, first: int, first_word: int, redone: Reading) -> None:
+        """Windows from ``first`` on, and the words they keep from ``first_word`` on, as ``redone``
+        read them."""
+        end, hi = first + len(redone.windows), first_word + len(redone.owner)
+        self.windows[first:end] = redone.windows
+        self.plans[first:end] = redone.plans
+        self.owner[first_word:hi] = np.where(redone.owner >= 0, redone.owner + first, -1)
+
+
 def finish(
-    split: Split, plans: Sequence[decoding.Plan | None], bodies: Sequence[dict[str, Any] | None],
-    tokens: WhisperTokens, duration: float, language: str,
+    given: list[TextWord], reading: Reading, tokens: WhisperTokens, duration: float, language: str,
 ) -> dict[str, Any]:
-    """Every given word in order, from the window that holds it, as ``results.finish``'s body
+    """Every given word in order, from the window that keeps it, as ``results.finish``'s body
     (+ ``aligned`` on each word)."""
-    windows = [_WindowWords.read(split, w, body) for w, body in enumerate(bodies)]
-    owner = owners(split, choose_cuts(split, [w.logprobs for w in windows]))
     taken = [
-        windows[window].take(index, word) if window >= 0 else None
-        for index, (window, word) in enumerate(zip(owner, split.words, strict=True))
+        reading.windows[window].take(index, word) if window >= 0 else None
+        for index, (window, word) in enumerate(zip(reading.owner, given, strict=True))
     ]
     flags = [piece is not None for piece in taken]
     places = _unaligned_times([piece[0] if piece else None for piece in taken])
     words: list[results.Word] = []
     timings: list[results.TokenTiming] = []
-    for word, piece, place in zip(split.words, taken, places, strict=True):
+    for word, piece, place in zip(given, taken, places, strict=True):
         word_result, token_timings = piece if piece is not None else _unaligned(word, place, tokens)
         words.append(word_result)
         timings += token_timings
     _monotonic(words)
     segments = [
-        segment for window, plan in zip(windows, plans, strict=True) if plan is not None
+        segment for window, plan in zip(reading.windows, reading.plans, strict=True) if plan is not None
         for segment in window.segments(plan.windows[0], tokens)
     ]
     plan = decoding.Plan([], duration, language, "align", True)
     body = results.assemble(plan, [results.WindowResult(segments, words, timings)])
-    body["text"] = tokens.decode([t for w in split.words for t in w.tokens]).strip()
+    body["text"] = tokens.decode([t for w in given for t in w.tokens]).strip()
     for entry, flag in zip(body["words"], flags, strict=True):
         entry["aligned"] = flag
-    errors = [e for b in bodies if b for e in b.get("alignment_errors", [])]
+    errors = [e for window in reading.windows for e in window.errors]
     if errors:
         body["alignment_errors"] = errors
     return body
@@ -745,22 +840,43 @@ def mark_aligned(body: dict[str, Any]) -> dict[str, Any]:
 class _WindowWords:
     """One window's alignment result, by given-word index (its fillers are read past)."""
 
-    def __init__(self, items: list[Item], words: list[dict], tokens: list[dict], usable: bool):
+    def __init__(
+        self, items: list[Item], body: dict[str, Any] | None, first_word: int = 0,
+    ):
         given = [(position, index) for position, (index, _) in enumerate(items) if index >= 0]
-        self.share = {index: position for position, index in given}  # given word -> item position
+        # given word (counted from the recording's first, hence first_word) -> item position
+        self.share = {first_word + index: position for position, index in given}
         self.given_positions = np.array([position for position, _ in given], dtype=np.int64)
         self.num_items = len(items)
-        self.words, self.tokens, self.usable = words, tokens, usable
+        self.words: list[dict] = (body.get("words") or []) if body else []
+        self.tokens: list[dict] = (body.get("tokens") or []) if body else []
+        self.ranks: list[int] = (body.get("token_ranks") or []) if body else []
+        self.errors: list[Any] = body.get("alignment_errors", []) if body else []
+        self.usable = body is not None and len(self.tokens) == sum(len(t) for _, t in items)
         self.token_start = np.zeros(len(items) + 1, dtype=np.int64)
         self.token_start[1:] = np.cumsum([len(item_tokens) for _, item_tokens in items])
         self.chosen: list[tuple[results.Word, list[float]]] = []
 
     @classmethod
-    def read(cls, split: Split, window: int, body: dict[str, Any] | None) -> _WindowWords:
-        items = split.items(window, split.fillers.get(window, ()))
-        words, token_list = (body.get("words") or [], body.get("tokens") or []) if body else ([], [])
-        usable = body is not None and len(token_list) == sum(len(item_tokens) for _, item_tokens in items)
-        return cls(items, words, token_list, usable)
+    def read(
+        cls, split: Split, window: int, body: dict[str, Any] | None, first_word: int = 0
+    ) -> _WindowWords:
+        return cls(split.items(window, split.fillers.get(window, ())), body, first_word)
+
+    def said(self, index: int) -> np.ndarray | None:
+        """Per token of given word ``index``: whether the model would have said it there (rank 1);
+        None without a result or ranks for it."""
+        position = self.share.get(index)
+        if not self.usable or position is None or len(self.ranks) != self.token_start[-1]:
+            return None
+        return np.asarray(self.ranks[self.token_start[position] : self.token_start[position + 1]]) == 1
+
+    def seconds(self, index: int) -> float:
+        """How long given word ``index`` lasts by the word rules (0 without them)."""
+        position = self.share.get(index)
+        if position is None or len(self.words) != self.num_items:
+            return 0.0
+        return self.words[position]["end"] - self.words[position]["start"]
 
     @property
     def logprobs(self) -> np.ndarray:

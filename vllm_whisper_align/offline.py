@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from vllm_whisper_align import decoding, longform, results
-from vllm_whisper_align.audio import SAMPLE_RATE, AudioSource, SpilledSamples, decode_audio
+from vllm_whisper_align.audio import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints import resolve_model
 from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
@@ -217,62 +217,26 @@ class WhisperAligner:
     def _align_long(
         self, samples: list[np.ndarray], given: list[dict], language: str | None, alignment_method: str
     ) -> list[dict]:
-        """``longform``'s two passes, each one ``generate`` call over every window of every input: first
-        from each window's prefix (inputs that ``longform.tries_short_pass``), then, for the others and
-        those that fail ``longform.text_is_heard``, from a full first pass."""
+        """``longform.alignment_steps`` of every input, the steps of all inputs that are at one run
+        in one ``generate`` call."""
         language = language or "en"
-        given_ids = [decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens) for item in given]
-        answers: list[dict | None] = [None] * len(samples)
-        short = [i for i, s in enumerate(samples) if longform.tries_short_pass(s)]
-        if short:
-            first = self._align_windows([samples[i] for i in short], [given_ids[i] for i in short], language,
-                                        alignment_method, short=True)
-            for i, answer in zip(short, first, strict=True):
-                answers[i] = answer
-        again = [i for i, answer in enumerate(answers) if answer is None]
-        if again:
-            full = self._align_windows([samples[i] for i in again], [given_ids[i] for i in again], language,
-                                       alignment_method, short=False)
-            for i, answer in zip(again, full, strict=True):
-                answers[i] = answer
-        return answers
-
-    def _align_windows(
-        self, samples: list[np.ndarray], given_ids: list[list[int]], language: str, alignment_method: str,
-        short: bool,
-    ) -> list[dict | None]:
-        """Both passes over every window of ``samples``; with ``short`` the first decodes each window's
-        prefix only, and an input it cannot vouch for comes back None."""
-        heard = [
-            longform.transcription_plans(
-                s, self.tokens, language, self.suppress_tokens, longform.PREFIX_TOKENS if short else None
+        steps = [
+            longform.alignment_steps(
+                s, decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens), self.tokens,
+                language, self.suppress_tokens, alignment_method,
             )
-            for s in samples
+            for s, item in zip(samples, given, strict=True)
         ]
-        transcripts = iter(self._run([p for plans in heard for p in plans], use_tqdm=False))
-        make_plans = longform.prefix_alignment_plans if short else longform.alignment_plans
-        splits = [
-            make_plans(plans, [next(transcripts) for _ in plans], self.tokens, ids, language,
-                       alignment_method)
-            for plans, ids in zip(heard, given_ids, strict=True)
-        ]
-        windows = [p for entry in splits if entry is not None for p in entry[1]]
-        order = longform.second_pass_order(windows)
-        aligned = self._run([windows[k] for k in order], use_tqdm=False)
-        window_bodies = iter(longform.in_window_order(order, aligned, len(windows)))
-        answers: list[dict | None] = []
-        for entry, s in zip(splits, samples, strict=True):
-            if entry is None:
-                answers.append(None)
-                continue
-            split, plans = entry
-            bodies = [next(window_bodies) for _ in plans]
-            if short and not longform.text_is_heard(split, bodies):
-                answers.append(None)
-                continue
-            answers.append(
-                longform.finish(split, plans, bodies, self.tokens, len(s) / SAMPLE_RATE, language)
-            )
+        answers: list[dict | None] = [None] * len(steps)
+        pending = {i: longform.advance(job, None)[0] for i, job in enumerate(steps)}
+        while pending:
+            plans_now = [plan for _, plans in pending.values() for plan in plans]
+            bodies = iter(self._run(plans_now, use_tqdm=False))
+            ran, pending = pending, {}
+            for i, (_, plans) in ran.items():
+                step, answers[i] = longform.advance(steps[i], [next(bodies) for _ in plans])
+                if step is not None:
+                    pending[i] = step
         return answers
 
     def _run(self, plans: list[decoding.Plan], use_tqdm: bool) -> list[dict[str, Any]]:

@@ -227,55 +227,29 @@ class AlignmentService:
         self, samples: np.ndarray, request_id: str, text: str | None, token_ids: list[int] | None,
         language: str, field: str, alignment_method: str,
     ) -> dict[str, Any]:
-        """``longform``'s two passes, first from each window's prefix (if ``longform.tries_short_pass``),
-        then, if not or if the result fails ``longform.text_is_heard``, from a full first pass; the
-        windows of each pass run concurrently, so they batch together."""
+        """``longform.alignment_steps``, each step's windows run concurrently, so they batch together;
+        the text matching between steps is NumPy work of up to seconds (30k words): off the event loop."""
         try:
             longform.check_method(alignment_method)
             given = decoding.text_to_tokens(text, token_ids, self.tokens)
         except decoding.AlignmentInputError as error:
             raise RequestError(str(error), field) from None
         slots = asyncio.Semaphore(self.windows_in_flight)  # one request: its windows share them
-        body = None
-        if longform.tries_short_pass(samples):
-            body = await self._align_windows(samples, f"{request_id}-p", given, language, alignment_method,
-                                             field, slots, short=True)
-        if body is None:
-            body = await self._align_windows(samples, request_id, given, language, alignment_method, field,
-                                             slots, short=False)
-        return body
-
-    async def _align_windows(
-        self, samples: np.ndarray, request_id: str, given: list[int], language: str, alignment_method: str,
-        field: str, slots: asyncio.Semaphore, short: bool,
-    ) -> dict[str, Any] | None:
-        """Both passes over the windows of ``samples``; with ``short`` the first decodes each window's
-        prefix only, and None comes back where that cannot vouch for the result."""
-        heard = longform.transcription_plans(
-            samples, self.tokens, language, self.suppress_tokens, longform.PREFIX_TOKENS if short else None
+        steps = longform.alignment_steps(
+            samples, given, self.tokens, language, self.suppress_tokens, alignment_method
         )
-        transcripts = await asyncio.gather(*[
-            self._run(p, f"{request_id}-h{k}", slots) for k, p in enumerate(heard)
-        ])
-        make_plans = longform.prefix_alignment_plans if short else longform.alignment_plans
-        try:
-            # The text matching is NumPy work of up to seconds (30k words): off the event loop.
-            entry = await asyncio.to_thread(
-                make_plans, heard, transcripts, self.tokens, given, language, alignment_method
-            )
-        except decoding.AlignmentInputError as error:
-            raise RequestError(str(error), field) from None
-        if entry is None:
-            return None
-        split, plans = entry
-        order = longform.second_pass_order(plans)
-        aligned = await asyncio.gather(*[self._run(plans[k], f"{request_id}-a{k}", slots) for k in order])
-        bodies = longform.in_window_order(order, aligned, len(plans))
-        if short and not await asyncio.to_thread(longform.text_is_heard, split, bodies):
-            return None
-        return await asyncio.to_thread(
-            longform.finish, split, plans, bodies, self.tokens, len(samples) / SAMPLE_RATE, language
-        )
+        bodies = None
+        while True:
+            try:
+                step, body = await asyncio.to_thread(longform.advance, steps, bodies)
+            except decoding.AlignmentInputError as error:
+                raise RequestError(str(error), field) from None
+            if step is None:
+                return body
+            name, plans = step
+            bodies = await asyncio.gather(*[
+                self._run(plan, f"{request_id}-{name}{k}", slots) for k, plan in enumerate(plans)
+            ])
 
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
         prompt, params = self.language_detection.request(samples)
