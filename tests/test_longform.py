@@ -479,7 +479,8 @@ class FakeEngine:
     those of ``unheard`` words in the short pass. Records the windows each step ran."""
 
     def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset()):
-        self.tokens, self.offsets, self.spoken, self.unheard = tokens, [w.offset for w in windows], spoken, unheard
+        self.tokens, self.spoken, self.unheard = tokens, spoken, unheard
+        self.offsets = [w.offset for w in windows]
         self.steps: list[tuple[str, list[int]]] = []
 
     def run(self, name: str, plans) -> list[dict]:
