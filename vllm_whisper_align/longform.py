@@ -43,8 +43,11 @@ import numpy as np
 
 from vllm_whisper_align import decoding, results, word_timing
 from vllm_whisper_align.audio import N_SAMPLES, SAMPLE_RATE, SpilledSamples, true_runs
+from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
 from vllm_whisper_align.tokenizer import WhisperTokens
+
+logger = get_logger(__name__)
 
 # A run of at least this many given words between two matches, against which the model heard at most
 # this fraction as many words, is text that is not in the audio (a skipped paragraph, a heading).
@@ -722,8 +725,13 @@ def alignment_steps(
     else:
         split, plans = entry
         reading = Reading.read(split, plans, (yield from _second_pass("p-a", plans)))
-        regions = realign_regions(unheard_windows(reading))
+        failed = unheard_windows(reading)
+        regions = realign_regions(failed)
     if regions:
+        logger.info("Long-form alignment: %d of %d windows from a full first pass (%s)",
+                    sum(end - first for first, end in regions), len(prefixes),
+                    "a share overflowed the decoder" if reading is None
+                    else f"{int(failed.sum())} failed the check")
         full = transcription_plans(samples, tokens, language, suppress_tokens)
         wanted = [k for first, end in regions for k in range(first, end)]
         transcripts = dict(zip(wanted, (yield "h", [full[k] for k in wanted]), strict=True))
