@@ -470,6 +470,8 @@ def test_failed_windows_are_aligned_again_with_their_neighbours():
     assert regions(0, 7) == [(0, 2), (6, 8)]
     assert regions(1, 4) == [(0, 6)]  # runs that meet are one
     assert regions(1, 5) == [(0, 3), (4, 7)]
+    assert regions(0, num_windows=2) == [(0, 2)]  # fewer windows than a window and its neighbours
+    assert regions(0, num_windows=1) == [(0, 1)]
 
 
 class FakeEngine:

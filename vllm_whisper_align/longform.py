@@ -561,7 +561,10 @@ def realign_regions(failed: np.ndarray) -> list[tuple[int, int]]:
     """The windows to align again from a full first pass, as [first, end) runs: each failed window
     and its neighbours (a misplaced or skipped stretch moves the text at the boundaries it shares),
     runs that meet merged."""
-    marked = np.convolve(np.asarray(failed, dtype=np.int64), np.ones(3, dtype=np.int64), mode="same") > 0
+    failed = np.asarray(failed, dtype=bool)
+    marked = failed.copy()
+    marked[1:] |= failed[:-1]
+    marked[:-1] |= failed[1:]
     starts, ends = true_runs(marked)
     return [(int(a), int(b)) for a, b in zip(starts, ends, strict=True)]
 
