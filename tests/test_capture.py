@@ -74,7 +74,7 @@ def test_fetch_returns_the_rows_sent_and_frees_everything():
     assert capture.stats() | {"slot_bytes": 0, "slot_resident_bytes": 0} == {
         "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "slot_resident_bytes": 0,
         "parked_bytes": 0,
-        "no_speech_pending": 0, "no_speech_parked": 0,
+        "no_speech_pending": 0, "no_speech_parked": 0, "most_encoder_inputs_per_step": 1,
     }
 
 

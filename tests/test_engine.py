@@ -9,6 +9,7 @@ import whisper
 from whisper.timing import find_alignment
 
 from vllm_whisper_align.decoding import AlignmentInputError, FallbackOptions, plan_transcription
+from vllm_whisper_align.engine_defaults import CPU_ENCODER_WINDOWS_PER_STEP
 
 
 # The capture's tests decode greedily (no temperature fallback): their subject is where the words
@@ -94,10 +95,14 @@ def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
 
 
 def test_batched_requests_match_each_alone(aligner, clips):
-    """N different clips in one continuous batch, word timestamps on for some and off for others."""
+    """N different clips in one continuous batch, word timestamps on for some and off for others.
+    On CPU a step starts CPU_ENCODER_WINDOWS_PER_STEP windows' encoders (vLLM alone would start one):
+    each clip's keys are captured from its own rows of that step."""
     samples = [c.samples for c in clips]
+    assert len(samples) >= CPU_ENCODER_WINDOWS_PER_STEP
     alone = [aligner.transcribe([s], word_timestamps=True, **GREEDY)[0] for s in samples[:4]]
     batch = aligner.transcribe(samples, word_timestamps=True, **GREEDY)
+    assert aligner.capture_stats()["most_encoder_inputs_per_step"] == CPU_ENCODER_WINDOWS_PER_STEP
     plain = aligner.transcribe(samples, word_timestamps=False, **GREEDY)
     for single, together in zip(alone, batch[:4], strict=True):
         assert single["text"] == together["text"]

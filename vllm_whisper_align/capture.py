@@ -102,6 +102,8 @@ class AlignmentCapture:
         self.q_slots: list[torch.Tensor] = []  # per layer: [slots * max_decoder_rows, heads, head_dim]
         self.k_slots: list[torch.Tensor] = []  # per layer: [slots, encoder_rows, heads, head_dim]
         self.num_slots = 0
+        # The most encoder inputs one step has started (engine_defaults.encoder_rows_per_step).
+        self.most_encoder_inputs_per_step = 0
 
     # ---- slots -------------------------------------------------------------------------------
 
@@ -158,6 +160,9 @@ class AlignmentCapture:
                 self._park(req_id)
             self.no_speech_pending.pop(req_id, None)  # aborted before its prompt ran
         self._track_new_requests(scheduler_output)
+        self.most_encoder_inputs_per_step = max(
+            self.most_encoder_inputs_per_step, len(scheduler_output.scheduled_encoder_inputs)
+        )
         if self.tracked and scheduler_output.total_num_scheduled_tokens:
             self._copy_keys(scheduler_output)
             self._copy_queries(scheduler_output, batch_req_ids)
@@ -339,6 +344,7 @@ class AlignmentCapture:
             "parked_bytes": sum(p.qk.nbytes for p in self.parked.values() if p.qk is not None),
             "no_speech_pending": len(self.no_speech_pending),
             "no_speech_parked": len(self.no_speech_parked),
+            "most_encoder_inputs_per_step": self.most_encoder_inputs_per_step,
         }
 
 

@@ -13,6 +13,8 @@ Decided here and nowhere else, each only when the user did not set it:
   a step (two need 3000), but vLLM sizes each request's cross-attention by this budget in its
   accounting, and the capture buffers by whole windows within it: 2048 cost a quarter more KV cache
   and twice the capture buffers for nothing.
+- the encoders one step may start, on CPU: CPU_ENCODER_WINDOWS_PER_STEP windows, on the scheduler
+  alone (``vllm_adapter.admit_encoder_rows_per_step``), not through that budget.
 - eager execution (``enforce_eager``), on CPU: vLLM's CPU build traces the model with Dynamo but
   compiles nothing with Inductor here, and served no faster for it (32 clients, 12.0-12.6 s a burst
   of 32 clips either way) while it took 12 s longer to start and 55 MiB more in the engine core.
@@ -90,6 +92,28 @@ def kv_cache_bytes(hf_config: Any, dtype: str, max_num_seqs: int, block_size: in
     per_token = 2 * hf_config.d_model * DTYPE_BYTES[dtype]
     per_request = blocks * block_size * per_token * hf_config.decoder_layers
     return per_request * max_num_seqs
+
+
+# On CPU, the new requests whose encoders one engine step may start. vLLM 0.32 sets its scheduler's
+# encoder budget from max_num_batched_tokens, one window here (encoder_token_budget), so each step
+# admitted one new request, however many were waiting: the second pass of a long alignment (prefill
+# only, its encoder outputs cached) ran at one window a step. Raising max_num_batched_tokens instead
+# would make vLLM count every request's cross-attention at that many rows (its start-up "Maximum
+# concurrency" line: 9.85x instead of 32x for the same cache). Measured through serve (bf16, 6144
+# tokens, which admits the same 4 windows): a 30-minute recording aligned in 27.6 s against 34.9 s
+# and transcribed in 34.8 s against 39.8 s (medians of 3); the encoder of a step then runs 4 windows
+# at once.
+CPU_ENCODER_WINDOWS_PER_STEP = 4
+
+
+def encoder_rows_per_step(vllm_config: Any) -> int:
+    """Encoder rows whose computation one engine step may start: vLLM's budget, and on CPU at least
+    CPU_ENCODER_WINDOWS_PER_STEP windows. The scheduler admits by it (``vllm_adapter``) and the
+    capture sizes its per-step key buffer by it (``model``)."""
+    budget = vllm_config.scheduler_config.max_num_encoder_input_tokens
+    if vllm_config.device_config.device_type != "cpu":
+        return budget
+    return max(budget, CPU_ENCODER_WINDOWS_PER_STEP * vllm_config.model_config.hf_config.max_source_positions)
 
 
 def encoder_token_budget(hf_config: Any, block_size: int = CPU_KV_BLOCK_SIZE) -> int:

@@ -22,6 +22,7 @@ from vllm.model_executor.models.whisper import (
 
 from vllm_whisper_align.capture import AlignmentCapture
 from vllm_whisper_align.encoder_cache import EncoderOutputCache, encode_with_cache
+from vllm_whisper_align.engine_defaults import encoder_rows_per_step
 from vllm_whisper_align.heads import captured_heads, resolve_alignment_heads
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import WhisperAlignConfig
@@ -157,9 +158,7 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         max_tokens = scheduler_config.max_num_batched_tokens
         encoder_rows = config.max_source_positions
         # Whole encoder outputs only: round the encoder budget up to a number of 30 s windows.
-        max_encoder_rows = (
-            max(1, -(-scheduler_config.max_num_encoder_input_tokens // encoder_rows)) * encoder_rows
-        )
+        max_encoder_rows = max(1, -(-encoder_rows_per_step(vllm_config) // encoder_rows)) * encoder_rows
         layers = []
         for layer_index, heads in self.captured_heads.by_layer().items():
             attention = self.model.decoder.layers[layer_index].encoder_attn

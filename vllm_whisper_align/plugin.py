@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vllm_whisper_align import memory, vllm_adapter
+from vllm_whisper_align import engine_defaults, memory, vllm_adapter
 from vllm_whisper_align.log import get_logger
 
 logger = get_logger(__name__)
@@ -34,6 +34,7 @@ def register() -> None:
     vllm_adapter.check_vllm()
     vllm_adapter.guard_kernel_override_scan()
     vllm_adapter.keep_single_cpu_worker_in_engine_core()
+    vllm_adapter.admit_encoder_rows_per_step(engine_defaults.encoder_rows_per_step, ARCHITECTURE)
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(

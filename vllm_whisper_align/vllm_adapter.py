@@ -221,6 +221,44 @@ def _worker_omp_threads(vllm_config: Any) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+# ---------------------------------------------------------------------------- scheduler
+
+
+def admit_encoder_rows_per_step(rows_per_step: Callable[[Any], int], architecture: str) -> None:
+    """Let vLLM's scheduler start as many encoder rows a step as ``rows_per_step(vllm_config)`` says
+    (``engine_defaults.encoder_rows_per_step``), for ``architecture`` (encoder-decoder) only.
+
+    Why internal: vLLM 0.32 has no setting for the scheduler's encoder budget. ``SchedulerConfig``
+    derives ``max_num_encoder_input_tokens`` from ``max_num_batched_tokens``, and the same field
+    sizes vLLM's count of each request's cross-attention in the KV cache, so the budget is raised on
+    the scheduler alone, after it is built: ``Scheduler.max_num_encoder_input_tokens`` and an
+    ``EncoderDecoderCacheManager`` as large (for encoder-decoder models it only counts a step's
+    encoder rows; nothing is kept across steps). The capture's per-step key buffer is sized from the
+    same function, so every row a step starts is captured. Idempotent; AsyncScheduler inherits it.
+    """
+    from vllm.v1.core.encoder_cache_manager import EncoderDecoderCacheManager
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    original = Scheduler.__init__
+    if getattr(original, "admits_encoder_rows_per_step", False):
+        return
+
+    def __init__(self, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, vllm_config, *args, **kwargs)
+        architectures = getattr(vllm_config.model_config.hf_config, "architectures", None) or []
+        if not self.is_encoder_decoder or architecture not in architectures:
+            return
+        if not isinstance(self.encoder_cache_manager, EncoderDecoderCacheManager):
+            return  # a manager of the user's (ec_manager_config): its budget is theirs
+        rows = rows_per_step(vllm_config)
+        if rows > self.max_num_encoder_input_tokens:
+            self.max_num_encoder_input_tokens = rows
+            self.encoder_cache_manager = EncoderDecoderCacheManager(cache_size=rows)
+
+    __init__.admits_encoder_rows_per_step = True
+    Scheduler.__init__ = __init__
+
+
 # ---------------------------------------------------------------------------- server launch
 
 
