@@ -5,7 +5,7 @@ transcription with word timestamps, on the same recordings (issue #10's throughp
 
 Recordings built by the tests' speech helpers (espeak-ng, every word's start known): 3 minutes of words
 with pauses and about 4.4 minutes of nearly continuous speech (40 ms between words). Each round aligns
-each recording with the short first pass, then with the full one (``longform.prefix_alignment_plans``
+each recording with the short first pass, then with the full one (``longform.short_pass``
 made to decline, as when a window's share would overflow the decoder), then transcribes it; one
 recording at a time, after a warm-up. Prints wall times, start MAE and the share of starts within
 50 / 100 ms, and how many windows failed the check (``longform.unheard_windows``) and were aligned
@@ -45,18 +45,18 @@ def main() -> None:
     args = parser.parse_args()
     from vllm_whisper_align.offline import WhisperAligner
 
-    short_plans, check = longform.prefix_alignment_plans, longform.unheard_windows
+    short_pass, check = longform.short_pass, longform.unheard_windows
     state = {"short": True, "fallbacks": 0}
 
     def prefix_plans(*a, **k):
-        return short_plans(*a, **k) if state["short"] else None
+        return (yield from short_pass(*a, **k)) if state["short"] else None
 
     def checked(*a, **k):
         failed = check(*a, **k)
         state["fallbacks"] += int(failed.sum())
         return failed
 
-    longform.prefix_alignment_plans, longform.unheard_windows = prefix_plans, checked
+    longform.short_pass, longform.unheard_windows = prefix_plans, checked
     clips = {"pauses": long_clip(180), "continuous": continuous_clip(600)}
     with WhisperAligner(dtype=args.dtype) as aligner:
         warm = clips["pauses"]

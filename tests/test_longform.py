@@ -483,16 +483,23 @@ class FakeEngine:
     def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset()):
         self.tokens, self.spoken, self.unheard = tokens, spoken, unheard
         self.offsets = [w.offset for w in windows]
-        self.steps: list[tuple[str, list[int]]] = []
+        # Per step: its name, the windows transcribed, the windows forced.
+        self.steps: list[tuple[str, list[int], list[int]]] = []
 
     def run(self, name: str, plans) -> list[dict]:
-        windows = [self.offsets.index(plan.windows[0].offset) for plan in plans]
-        self.steps.append((name, windows))
-        if name.endswith("h"):
-            count = 6 if name == "p-h" else None
-            return [{"text": " ".join(self.spoken[w].split()[:count])} for w in windows]
-        return [self.forced(plan, probability=0.9 if name == "p-a" else 0.8, short=name == "p-a")
-                for plan in plans]
+        short = name.startswith("p")
+        heard, forced, bodies = [], [], []
+        for plan in plans:
+            window = self.offsets.index(plan.windows[0].offset)
+            if plan.windows[0].forced_tokens is None:
+                heard.append(window)
+                words = self.spoken[window].split()[: 6 if short else None]
+                bodies.append({"text": " ".join(words)})
+            else:
+                forced.append(window)
+                bodies.append(self.forced(plan, probability=0.9 if short else 0.8, short=short))
+        self.steps.append((name, heard, forced))
+        return bodies
 
     def forced(self, plan, probability: float, short: bool) -> dict:
         window = plan.windows[0]
@@ -528,7 +535,7 @@ def test_clean_text_takes_the_short_first_pass_alone(tokens, five_windows):
     engine = FakeEngine(tokens, windows, spoken)
     text = " ".join(spoken)
     body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
-    assert engine.steps == [("p-h", [0, 1, 2, 3, 4]), ("p-a", [4, 3, 2, 1, 0])]
+    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4])]
     assert "".join(w["word"] for w in body["words"]).strip() == text
     assert all(w["aligned"] and w["probability"] == pytest.approx(0.9) for w in body["words"])
     starts = np.array([w["start"] for w in body["words"]])
@@ -542,8 +549,8 @@ def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, f
     engine = FakeEngine(tokens, windows, spoken, unheard={f"delta{i}" for i in range(12)})
     text = " ".join(spoken)
     body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
-    assert engine.steps == [("p-h", [0, 1, 2, 3, 4]), ("p-a", [4, 3, 2, 1, 0]),
-                            ("h", [2, 3, 4]), ("a", [4, 3, 2])]
+    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]),
+                            ("h", [2, 3, 4], []), ("a", [], [4, 3, 2])]
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text
     assert all(w["aligned"] for w in words)
@@ -552,3 +559,19 @@ def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, f
     starts = np.array([w["start"] for w in words])
     np.testing.assert_allclose(starts[::12], [w.offset + 1.0 for w in windows])
     assert np.all(np.diff(starts) > 0)
+
+
+def test_the_short_pass_forces_each_block_while_the_next_is_heard(tokens, five_windows, monkeypatch):
+    """A window's share is known once the next window is placed: each step hears a block and forces
+    what the steps before placed, so a window's encoder output is still cached when it is forced.
+    The words are those of the recording run in one block."""
+    samples, windows, spoken = five_windows
+    text = " ".join(spoken)
+    whole = drive(FakeEngine(tokens, windows, spoken),
+                  longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    monkeypatch.setattr(longform, "PASS_BLOCK_WINDOWS", 2)
+    engine = FakeEngine(tokens, windows, spoken)
+    blocked = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    assert engine.steps == [("p0-", [0, 1], []), ("p1-", [2, 3], [0]), ("p2-", [4], [1, 2]),
+                            ("p3-", [], [3, 4])]
+    assert blocked["words"] == whole["words"]

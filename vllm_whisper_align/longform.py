@@ -5,10 +5,10 @@ Whisper aligns one 30 s window at a time, so text of any length is aligned to au
 two engine passes, each a batch of all windows (:func:`alignment_steps` drives them):
 
 0. The short way, tried first: each window decodes only its first PREFIX_TOKENS tokens
-   (:func:`transcription_plans` with ``max_tokens``), :func:`prefix_alignment_plans` lays each prefix
-   on the text (:func:`place_prefixes`) and forces every window's share (step 3). A window's words
-   stand unless :func:`unheard_windows` finds in the second pass's own token ranks and word spans
-   text the model does not hear, or an aside. Such windows and their neighbours
+   (:func:`transcription_plans` with ``max_tokens``), :func:`short_pass` lays each prefix on the text
+   (:func:`place_prefixes`) and forces every window's share (step 3), a block of windows at a time.
+   A window's words stand unless :func:`unheard_windows` finds in the second pass's own token ranks
+   and word spans text the model does not hear, or an aside. Such windows and their neighbours
    (:func:`realign_regions`) go through steps 1-4 with the text they kept between them; all windows
    do if a share overflows the decoder:
 1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
@@ -401,6 +401,11 @@ def _boundary(
 # is aligned again, with its neighbours, from a full first pass. Figures: README, "Long-form forced
 # alignment".
 PREFIX_TOKENS = 16
+# The short pass runs PASS_BLOCK_WINDOWS windows' prefixes a step, with the second pass of the windows
+# the steps before placed: a window is forced while its encoder output is still in the engine's cache
+# (``encoder_cache``; 233 windows of tiny.en in bfloat16, 111 in float32). Run as two whole passes, a
+# 3-hour recording's 397 windows encoded 164 twice.
+PASS_BLOCK_WINDOWS = 32
 # A prefix is looked for within this many words of where the speaking rate so far expects it, and
 # placed only where at least MIN_PREFIX_MATCH of its words match the text in order (else its window
 # starts where the rate expects, with the widest zone). Low: tiny.en hears noisy or unusual voices
@@ -429,42 +434,25 @@ MIN_AGREEMENT = 0.4
 MAX_WORD_SECONDS = 3.0
 
 
-def prefix_alignment_plans(
-    heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    given: list[TextWord], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
-) -> tuple[Split, list[decoding.Plan | None]] | None:
-    """As :func:`alignment_plans`, from each window's first PREFIX_TOKENS tokens (``bodies``); None
-    where a window's share would not fit the decoder: the recording takes the full first pass."""
-    prefixes = [[w.key for w in heard_words(body["text"], tokens, language)] for body in bodies]
-    durations = np.array([plan.windows[0].duration for plan in heard])
-    split = prefix_split(given, *place_prefixes([w.key for w in given], prefixes, durations))
-    try:
-        return split, window_plans(split, heard, [[] for _ in heard], tokens, language, alignment_method)
-    except decoding.AlignmentInputError:  # a share too long for the decoder: the full pass decides
-        return None
-
-
 def place_prefixes(
-    given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray
+    given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray,
+    starts: Sequence[int] = (0,), unsure: Sequence[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """First given word of each window, from the normalised words of its prefix, and, per start after
     the first, the words on each side of it that its window shares with the one before
     (:func:`_zone_words`). A prefix that is empty or of which under MIN_PREFIX_MATCH of the words match
     near where the speaking rate so far expects it starts its window there, ZONE_MAX_WORDS each side
     (a floor sent 12 of 396 windows of a 3-hour recording to the full first pass, when one such
-    window sent the whole recording there)."""
-    starts, unsure = [0], []
-    for window, prefix in enumerate(prefixes):
-        expected = 0
-        if window:
-            elapsed = durations[: window - 1].sum()
-            rate = starts[-1] / elapsed if starts[-1] and elapsed else len(given) / durations.sum()
-            expected = int(round(starts[-1] + rate * durations[window - 1]))
+    window sent the whole recording there). ``prefixes`` of the first windows, as many as are heard
+    (``durations`` of all of them); ``starts`` and ``unsure`` of those placed before, which stay."""
+    starts, unsure = [int(s) for s in starts], [int(u) for u in unsure]
+    for window in range(len(starts), len(prefixes)):
+        prefix = prefixes[window]
+        elapsed = durations[: window - 1].sum()
+        rate = starts[-1] / elapsed if starts[-1] and elapsed else len(given) / durations.sum()
+        expected = int(round(starts[-1] + rate * durations[window - 1]))
         position, matched = _place(prefix, given, expected, starts[-1])
-        placed = bool(prefix) and matched >= MIN_PREFIX_MATCH * len(prefix)
-        if not window:
-            continue
-        if placed:
+        if prefix and matched >= MIN_PREFIX_MATCH * len(prefix):
             starts.append(position)
             unsure.append(_zone_words(prefix, given[position : position + PREFIX_SURE_WORDS], matched))
         else:  # where the rate expects it, as unsure as a start can be; unheard_windows decides
@@ -624,7 +612,7 @@ def transcription_plans(
     suppress_tokens: Sequence[int], max_tokens: int | None = None,
 ) -> list[decoding.Plan]:
     """One greedy transcription plan per window (no word timings): what the model hears in each, or
-    its first ``max_tokens`` tokens (:func:`prefix_alignment_plans`).
+    its first ``max_tokens`` tokens (:func:`short_pass`).
 
     Greedy only: a window that fails openai-whisper's thresholds is not sampled again at higher
     temperatures. Its greedy words still locate the text (matching tolerates misheard words), and
@@ -651,14 +639,15 @@ def alignment_plans(
 
 def window_plans(
     split: Split, heard: Sequence[decoding.Plan], transcribed: Sequence[Sequence[TextWord]],
-    tokens: WhisperTokens, language: str, alignment_method: str,
+    tokens: WhisperTokens, language: str, alignment_method: str, windows: Sequence[int] | None = None,
 ) -> list[decoding.Plan | None]:
-    """One alignment plan per window of ``heard`` for its share of ``split`` (None for a window without
-    text), with the fillers of ``split.extra`` (indices into ``transcribed``, its heard words)."""
+    """One alignment plan per window of ``heard`` (or of those of its ``windows``) for its share of
+    ``split`` (None for a window without text), with the fillers of ``split.extra`` (indices into
+    ``transcribed``, its heard words)."""
     room = MAX_DECODER_TOKENS - len(tokens.transcription_prompt(language)) - 1
     plans: list[decoding.Plan | None] = []
-    for index, plan in enumerate(heard):
-        window = plan.windows[0]
+    for index in range(len(heard)) if windows is None else windows:
+        window = heard[index].windows[0]
         share = split.share_tokens(index)
         if not share:
             plans.append(None)
@@ -721,13 +710,10 @@ def alignment_steps(
     step's plans concurrently."""
     given = text_words(token_ids, tokens, language)
     prefixes = transcription_plans(samples, tokens, language, suppress_tokens, PREFIX_TOKENS)
-    heard = yield "p-h", prefixes
-    entry = prefix_alignment_plans(prefixes, heard, tokens, given, language, alignment_method)
-    if entry is None:
-        reading, regions = None, [(0, len(prefixes))]
+    reading = yield from short_pass(prefixes, given, tokens, language, alignment_method)
+    if reading is None:
+        regions = [(0, len(prefixes))]
     else:
-        split, plans = entry
-        reading = Reading.read(split, plans, (yield from _second_pass("p-a", plans)))
         failed = unheard_windows(reading)
         regions = realign_regions(failed)
     if regions:
@@ -752,6 +738,44 @@ def alignment_steps(
             else:
                 reading.replace(first, lo, redone)
     return finish(given, reading, tokens, len(samples) / SAMPLE_RATE, language)
+
+
+def short_pass(
+    prefixes: Sequence[decoding.Plan], given: list[TextWord], tokens: WhisperTokens, language: str,
+    alignment_method: str,
+) -> Generator[Step, list[dict[str, Any]], Reading | None]:
+    """Step 0 of the module docstring: each window's prefix (``prefixes``, :func:`transcription_plans`
+    with PREFIX_TOKENS) heard and placed (:func:`place_prefixes`), and its share forced, in blocks of
+    PASS_BLOCK_WINDOWS; the second pass read (None where a share would not fit the decoder: the
+    recording takes the full first pass). A window's share is known once the next window is placed,
+    so each step forces the shares the steps before placed while the next block is heard."""
+    keys = [w.key for w in given]
+    durations = np.array([plan.windows[0].duration for plan in prefixes])
+    heard: list[list[str]] = []
+    starts, unsure = np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    plans: list[decoding.Plan | None] = [None] * len(prefixes)
+    bodies: list[dict[str, Any] | None] = [None] * len(prefixes)
+    forced, step = 0, 0
+    while forced < len(prefixes):
+        listen = range(len(heard), min(len(heard) + PASS_BLOCK_WINDOWS, len(prefixes)))
+        known = len(heard) if len(heard) == len(prefixes) else max(len(heard) - 1, 0)
+        force = range(forced, known)
+        if force:
+            split = prefix_split(given, starts, unsure)
+            try:
+                plans[forced:known] = window_plans(
+                    split, prefixes, [[] for _ in prefixes], tokens, language, alignment_method, force
+                )
+            except decoding.AlignmentInputError:  # a share too long for the decoder: the full pass decides
+                return None
+        with_text = [w for w in force if plans[w] is not None]
+        answers = yield f"p{step}-", [prefixes[w] for w in listen] + [plans[w] for w in with_text]
+        heard += [[w.key for w in heard_words(b["text"], tokens, language)] for b in answers[: len(listen)]]
+        for w, body in zip(with_text, answers[len(listen) :], strict=True):
+            bodies[w] = body
+        starts, unsure = place_prefixes(keys, heard, durations, starts, unsure)
+        forced, step = known, step + 1
+    return Reading.read(prefix_split(given, starts, unsure), plans, bodies)
 
 
 def _second_pass(name: str, plans: Sequence[decoding.Plan | None]) -> Generator[Step, Any, list]:
