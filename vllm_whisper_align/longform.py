@@ -769,7 +769,8 @@ def short_pass(
             except decoding.AlignmentInputError:  # a share too long for the decoder: the full pass decides
                 return None
         with_text = [w for w in force if plans[w] is not None]
-        answers = yield f"p{step}-", [prefixes[w] for w in listen] + [plans[w] for w in with_text]
+        asked = [prefixes[w] for w in listen] + [plans[w] for w in with_text]
+        answers = (yield f"p{step}-", asked) if asked else []
         heard += [[w.key for w in heard_words(b["text"], tokens, language)] for b in answers[: len(listen)]]
         for w, body in zip(with_text, answers[len(listen) :], strict=True):
             bodies[w] = body
@@ -781,7 +782,8 @@ def short_pass(
 def _second_pass(name: str, plans: Sequence[decoding.Plan | None]) -> Generator[Step, Any, list]:
     """The windows with text, in :func:`second_pass_order`; their bodies back in window order."""
     order = second_pass_order(plans)
-    return in_window_order(order, (yield name, [plans[k] for k in order]), len(plans))
+    bodies = (yield name, [plans[k] for k in order]) if order else []
+    return in_window_order(order, bodies, len(plans))
 
 
 def advance(steps: Steps, bodies: list[dict[str, Any]] | None) -> tuple[Step | None, dict[str, Any] | None]:
