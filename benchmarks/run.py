@@ -45,6 +45,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import envs  # noqa: E402
+import longform_hours  # noqa: E402
 import longform_report  # noqa: E402
 from runners import vllm_layouts_run  # noqa: E402
 import metrics  # noqa: E402
@@ -361,10 +362,12 @@ def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, co
         if envs.python_of(name).exists():
             versions[name] = envs.versions(name)
     layouts = out / "layouts.json"  # runners/vllm_layouts_run.py's output, run on its own
+    hours = out / "longform-hours.json"  # longform_hours.py's output, run on its own
     result = {
         "rows": rows,
         "longform": longform_rows,
         "layouts": json.loads(layouts.read_text()) if layouts.is_file() else None,
+        "longform_hours": json.loads(hours.read_text()) if hours.is_file() else None,
         "overhead_pct": headline_overhead(over),
         "overhead_pct_by_run": over,
         "alignment_method_cost_pct_by_run": overheads(raws, "alignment_method_cost_pct"),
@@ -699,6 +702,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     lines += comparisons(rows) or ["(not enough rows to compare)"]
     lines += [""]
     lines += longform_report.section(result.get("longform") or [])
+    if result.get("longform_hours"):
+        lines += longform_hours.section(result["longform_hours"])
     if result.get("layouts"):
         lines += vllm_layouts_run.section(result["layouts"])
     if plot_ok:

@@ -1,0 +1,212 @@
+"""Hours of audio through `serve`'s defaults: forced alignment of one whole recording against its
+transcription with word timestamps (issue #10's 3-hour case).
+
+    .venv/bin/python benchmarks/longform_hours.py [--hours 3] [--rounds 1]
+
+The recording is benchmarks/audio.py's continuous alignment recording (about 5 minutes, every word's
+start known) repeated to ``--hours`` and encoded as 16 kbps Opus in Ogg, the compressed file a user
+would send (about 7 MB an hour). Each round posts it to /v1/audio/alignments with its text, then to
+/v1/audio/transcriptions with word timestamps, one request at a time. Before each request the server
+is left idle until it has emptied its encoder cache (``memory.IDLE_BEFORE_RETURNING_MEMORY_S``), so
+neither request reuses the other's encoder outputs. Prints wall times (medians over rounds), words
+returned and aligned, the alignment's start MAE against the known starts in the first and the last
+hour, and the server's encoder-cache counters; writes benchmarks/out/longform-hours.json. The one
+setting changed is the per-request limit on duration (``VLLM_WHISPER_ALIGN_MAX_AUDIO_S``, an hour by
+default), raised to the recording's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "runners"))
+
+from audio import build_alignment  # noqa: E402
+from common import load_wav, log  # noqa: E402
+from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
+
+OUT = HERE / "out"
+RECORDING_ID = "align_continuous"
+OPUS_BIT_RATE = 16_000
+REQUEST_TIMEOUT_S = 3 * 3600
+
+
+def encode_opus(samples: np.ndarray, path: Path) -> None:
+    """16 kHz mono float samples to Ogg/Opus at OPUS_BIT_RATE, with PyAV (vLLM's own audio decoder)."""
+    import av
+
+    with av.open(str(path), "w", format="ogg") as container:
+        stream = container.add_stream("libopus", rate=16000)
+        stream.bit_rate = OPUS_BIT_RATE
+        stream.layout = "mono"
+        block = 16000 * 60
+        for start in range(0, len(samples), block):
+            piece = np.ascontiguousarray(samples[start : start + block], dtype=np.float32)[None, :]
+            frame = av.AudioFrame.from_ndarray(piece, format="flt", layout="mono")
+            frame.sample_rate = 16000
+            frame.pts = start
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode(None):
+            container.mux(packet)
+
+
+def warm_up_audio() -> bytes:
+    """The first 20 s of the recording as WAV: one short request per door before the timed ones."""
+    import io
+
+    from vllm_whisper_align.audio import SAMPLE_RATE
+    import soundfile
+
+    truth = json.loads((OUT / "audio" / "align_truth.json").read_text())
+    buffer = io.BytesIO()
+    samples = load_wav(truth[RECORDING_ID]["path"])[: 20 * SAMPLE_RATE]
+    soundfile.write(buffer, samples, SAMPLE_RATE, format="WAV")
+    return buffer.getvalue()
+
+
+async def warm_up(base: str) -> None:
+    audio = warm_up_audio()
+    _, body = await post(base, "/v1/audio/transcriptions", audio, {"response_format": "json"}, "warm.wav")
+    await post(base, "/v1/audio/alignments", audio, {"text": body["text"]}, "warm.wav")
+
+
+def build_recording(hours: float) -> tuple[Path, str, np.ndarray, float]:
+    """The repeated recording as Opus, its text, every word's true start, and its duration."""
+    truth_path = OUT / "audio" / "align_truth.json"
+    truth = json.loads(truth_path.read_text()) if truth_path.exists() else build_alignment(OUT / "audio")
+    one = truth[RECORDING_ID]
+    samples = load_wav(one["path"])
+    repeats = max(1, int(np.ceil(hours * 3600 / one["duration"])))
+    duration = repeats * len(samples) / 16000
+    path = OUT / "audio" / f"{RECORDING_ID}-x{repeats}.ogg"
+    if not path.exists():
+        log(f"hours: encoding {repeats} copies ({duration / 3600:.2f} h) to {path}")
+        encode_opus(np.tile(samples, repeats), path)
+    starts = np.concatenate([np.asarray(one["starts"], dtype=float) + k * len(samples) / 16000
+                             for k in range(repeats)])
+    return path, " ".join([one["text"]] * repeats), starts, duration
+
+
+async def post(
+    base: str, route: str, audio: bytes, fields: dict, name: str = "long.ogg"
+) -> tuple[float, dict]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http:
+        started = time.perf_counter()
+        response = await http.post(f"{base}{route}", files={"file": (name, audio)}, data=fields)
+        elapsed = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed, response.json()
+
+
+def start_errors_by_hour(words: list[dict], starts: np.ndarray) -> dict[str, float]:
+    """Start MAE (ms) of the aligned words in the first and in the last hour: every word of the given
+    text comes back in order, so word k is the text's word k."""
+    if len(words) != len(starts):
+        return {}
+    got = np.array([w["start"] for w in words])
+    ok = np.array([bool(w.get("aligned", True)) for w in words]) & ~np.isnan(starts)
+    errors = np.abs(got - starts)
+    first, last = ok & (starts < 3600), ok & (starts >= np.nanmax(starts) - 3600)
+    return {"first_hour_mae_ms": round(1000 * float(errors[first].mean()), 1),
+            "last_hour_mae_ms": round(1000 * float(errors[last].mean()), 1)}
+
+
+async def one_round(base: str, audio: bytes, text: str, starts: np.ndarray) -> dict:
+    row = {}
+    await idle_server(base, (await capture_stats(base)).get("heap_returns", 0), timeout_s=120)
+    seconds, body = await post(base, "/v1/audio/alignments", audio,
+                               {"text": text, "response_format": "verbose_json"})
+    words = body["words"]
+    row["align_s"] = round(seconds, 1)
+    row["align_words"] = len(words)
+    row["align_words_aligned"] = sum(bool(w.get("aligned", True)) for w in words)
+    row.update(start_errors_by_hour(words, starts))
+    row["stats_after_align"] = await capture_stats(base)
+    await idle_server(base, (await capture_stats(base)).get("heap_returns", 0), timeout_s=120)
+    seconds, body = await post(base, "/v1/audio/transcriptions", audio,
+                               {"response_format": "verbose_json", "timestamp_granularities[]": "word",
+                                "language": "en"})
+    row["transcribe_s"] = round(seconds, 1)
+    row["transcribe_words"] = len(body.get("words") or [])
+    row["stats_after_transcribe"] = await capture_stats(base)
+    return row
+
+
+def section(summary: dict) -> list[str]:
+    """RESULTS.md's section for this script's output (``summary``: the JSON it writes)."""
+    rows = summary["rounds"]
+    lines = [
+        "## Hours of audio through serve", "",
+        f"`{summary['command']}` ({summary.get('date', '')}): `serve` with its defaults, the benchmark's "
+        f"continuous recording repeated to {summary['duration_s'] / 3600:.2f} h ({summary['words']} words, "
+        f"{summary['file_mib']} MiB of 16 kbps Opus), aligned to its text, then transcribed with word "
+        "timestamps, one request at a time, the encoder cache emptied before each:", "",
+        "| round | alignment s | transcription s | words aligned | start MAE, first hour ms | last hour ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for index, row in enumerate(rows, 1):
+        lines.append(f"| {index} | {row['align_s']} | {row['transcribe_s']} | "
+                     f"{row['align_words_aligned']} of {row['align_words']} | "
+                     f"{row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |")
+    speed = summary["alignment_speed_vs_transcription"]
+    return lines + ["", f"Alignment runs at {speed:.2f}× transcription's speed (medians; target ≥ 1×).", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hours", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    path, text, starts, duration = build_recording(args.hours)
+    from vllm_whisper_align.server.service import MAX_AUDIO_ENV
+
+    audio = path.read_bytes()
+    os.environ[MAX_AUDIO_ENV] = str(int(duration) + 60)  # the server inherits it
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(None, "default", 32, port, OUT / "logs" / "longform-hours-server.log")
+    rows = []
+    try:
+        wait_healthy(base, server)
+        asyncio.run(warm_up(base))
+        for index in range(args.rounds):
+            row = asyncio.run(one_round(base, audio, text, starts))
+            log(f"hours: round {index + 1}: alignment {row['align_s']} s, transcription "
+                f"{row['transcribe_s']} s, {row['align_words_aligned']}/{row['align_words']} words aligned")
+            rows.append(row)
+    finally:
+        stop_server(server)
+    align = statistics.median(r["align_s"] for r in rows)
+    transcribe = statistics.median(r["transcribe_s"] for r in rows)
+    summary = {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": " ".join([".venv/bin/python", "benchmarks/longform_hours.py", *sys.argv[1:]]),
+        "recording": str(path.relative_to(HERE.parent)), "duration_s": round(duration, 1),
+        "file_mib": round(len(audio) / 2**20, 1), "words": len(starts), "rounds": rows,
+        "median_align_s": align, "median_transcribe_s": transcribe,
+        "alignment_speed_vs_transcription": round(transcribe / align, 2),
+    }
+    (OUT / "longform-hours.json").write_text(json.dumps(summary, indent=1))
+    print(f"{duration / 3600:.2f} h ({len(starts)} words, {summary['file_mib']} MiB Opus): alignment "
+          f"{align:.1f} s, transcription {transcribe:.1f} s (medians of {len(rows)}): alignment runs "
+          f"{summary['alignment_speed_vs_transcription']:.2f}x transcription's speed")
+
+
+if __name__ == "__main__":
+    main()
