@@ -7,7 +7,7 @@
   server per data-parallel rank: two);
 - two API servers in front of one engine.
 
-In each: 32 concurrent requests (16 transcriptions and 16 alignments, all with words), each
+In each: 16 concurrent requests (8 transcriptions and 8 alignments, all with words), each
 answer equal to its file served alone (text equal, word starts within 0.02 s; a transcription the
 model only guesses, see test_server.GUESS_LOGPROB, is exempt), the capture
 stats back to zero afterwards, and a client that goes away freeing its capture on whichever
@@ -36,7 +36,9 @@ from test_server import (
     MAX_GUESSES, disconnect_mid_request, distinct_clips, engine_counts, is_guess, wav_bytes,
 )
 
-CLIPS = 16  # each sent twice in the burst: transcribed, and aligned to its text
+# Each sent twice in the burst: transcribed, and aligned to its text. Eight different sentences:
+# an answer swapped between requests would fail the text comparison.
+CLIPS = 8
 WORD_START_TOLERANCE_S = 0.02
 # Capture stats that count what is held for requests; the others (slots, slot_bytes) describe
 # the store itself.
@@ -135,7 +137,7 @@ def assert_same_answer(single: dict, batched: dict) -> None:
     )
 
 
-def test_32_concurrent_answers_equal_each_file_alone(layout):
+def test_concurrent_answers_equal_each_file_alone(layout):
     base = layout.base
     clips = distinct_clips(CLIPS)
     audios = [wav_bytes(clip) for clip in clips]
@@ -163,9 +165,6 @@ def test_32_concurrent_answers_equal_each_file_alone(layout):
     for single, batched in zip(alone[CLIPS:], together[CLIPS:], strict=True):  # alignments: no guesses
         assert_same_answer(single, batched)
     assert guesses <= MAX_GUESSES, guesses
-    # Clips i and i + 8 say one sentence with other gaps: equal answers above cannot be swapped ones.
-    last_starts = [body["words"][-1]["start"] for body in together[:CLIPS]]
-    assert all(last_starts[i] != last_starts[i + 8] for i in range(8)), last_starts
     assert held_stats(base) == dict.fromkeys(HELD_STATS, 0)
     # Every engine served some of them: the answers above came from each engine's own capture.
     served = requests_per_engine(base)

@@ -163,8 +163,11 @@ def distinct_clips(count: int) -> list[SpokenClip]:
 
 
 def test_32_concurrent_requests_each_match_their_clip(client, server):
-    """Each of 32 concurrent answers equals its own clip served alone: text, and word times ±0.02 s."""
+    """32 concurrent requests (a full batch: max_num_seqs 32); each of the first 16 answers equals its
+    clip served alone (text, and word times ±0.02 s), and every answer has words. Half are checked
+    alone to keep the suite's time: the 16 alone requests run one after another."""
     clips = distinct_clips(32)
+    checked = 16
 
     def request(index, clip, client_):
         return client_.audio.transcriptions.create(
@@ -172,15 +175,16 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
             response_format="verbose_json", timestamp_granularities=["word", "segment"],
         )
 
-    alone = [request(i, clip, client) for i, clip in enumerate(clips)]
+    alone = [request(i, clip, client) for i, clip in enumerate(clips[:checked])]
 
     async def run_all():
         async_client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=900)
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
     together = asyncio.run(run_all())
+    assert all(batched.words for batched in together)
     guesses = 0
-    for single, batched in zip(alone, together, strict=True):
+    for single, batched in zip(alone, together[:checked], strict=True):
         assert single.segments and batched.segments  # avg_logprob is there to be read
         if is_guess(*(segment.avg_logprob for segment in single.segments + batched.segments)):
             guesses += 1
@@ -193,7 +197,7 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
         np.testing.assert_allclose(
             [w.end for w in single.words], [w.end for w in batched.words], atol=0.02 + 1e-6
         )
-    assert guesses <= 2 * MAX_GUESSES, guesses  # of 32 clips
+    assert guesses <= MAX_GUESSES, guesses  # of 16 clips
     # Clips i and i + 8 say the same sentence with other gaps: their word times must differ, so
     # equal answers above cannot come from answers being swapped between requests.
     for first, second in zip(together[:8], together[8:16], strict=True):
