@@ -81,6 +81,19 @@ def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
     assert far.start == 1.0  # nothing stronger in reach: it stays
 
 
+def test_refine_weighs_onsets_by_their_distance():
+    speech = np.ones(150, dtype=bool)
+    onsets = _onsets_with_peak_at(1.03)
+    onsets[103], onsets[110] = 1.0, 5.0  # a weak onset next to the start, a strong one 100 ms on
+    strong = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    refine_starts([strong], onsets, speech, 0.0, 0.01)
+    assert strong.start == 1.1
+    onsets[102], onsets[110], onsets[111] = 3.0, 0.1, 4.0  # strong close, a little stronger far
+    near = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    refine_starts([near], onsets, speech, 0.0, 0.01)
+    assert near.start == 1.02
+
+
 def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
     speech = np.array([0] * 50 + [1] * 100, dtype=bool)
     after_silence = WordTiming(" a", [1], 1.0, 1.5, 1.0)

@@ -22,10 +22,13 @@ PREPEND_PUNCTUATIONS = "\"'“¿([{-"
 APPEND_PUNCTUATIONS = "\"'.。,，!！?？:：”)]}、"
 SENTENCE_END_MARKS = ".。!！?？"
 
-# refine_starts: how far (s) a start may move to an onset, and how many 20 ms speech frames must
-# precede it for it to count as inside continuous speech. Chosen on a continuous-speech dev set
-# (benchmarks/RESULTS.md): ±60 ms beat ±40 ms and ±100 ms.
-ONSET_SEARCH_S = 0.06
+# refine_starts: how far (s) a start may move to an onset; how fast an onset's pull fades with its
+# distance from DTW's start (the standard deviation of a Gaussian weight, s); and how many 20 ms speech
+# frames must precede a start for it to count as inside continuous speech. Chosen on a continuous-speech
+# dev set (README, Word boundaries): the strongest onset within ±60 ms beat ±40 and ±100 ms; weighing
+# onsets by distance within ±120 ms (σ 80 ms) beat that by 1-2 points within 50 and 100 ms.
+ONSET_SEARCH_S = 0.12
+ONSET_DISTANCE_S = 0.08
 ONSET_AFTER_SOUND_FRAMES = 2
 
 # languages written without spaces: words are cut wherever the text decodes to whole characters
@@ -400,7 +403,8 @@ def refine_starts(
     words: list[WordTiming], onsets: np.ndarray, speech: np.ndarray, offset: float,
     onset_seconds: float, speech_seconds: float = SPEECH_FRAME_SECONDS,
 ) -> None:
-    """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it.
+    """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it, each
+    onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``).
 
     DTW only knows 20 ms encoder frames, and in continuous speech (no silence to snap to) its start
     can sit a frame or more off the real one. ``onsets`` is the audio's onset strength per frame of
@@ -423,8 +427,10 @@ def refine_starts(
             last = min(len(onsets) - 1, int(round((high - offset) / onset_seconds)))
             current = int(round((word.start - offset) / onset_seconds))
             if last > first and 0 <= current < len(onsets):
-                peak = first + int(np.argmax(onsets[first : last + 1]))
-                if onsets[peak] > onsets[current]:  # no stronger onset nearby: stay
+                distance = (np.arange(first, last + 1) - current) * onset_seconds
+                pull = onsets[first : last + 1] * np.exp(-0.5 * (distance / ONSET_DISTANCE_S) ** 2)
+                peak = first + int(np.argmax(pull))
+                if pull[peak - first] > onsets[current]:  # nothing pulls harder than where it is: stay
                     word.start = round_time(offset + peak * onset_seconds)
         previous_end = original_end
 

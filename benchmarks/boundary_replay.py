@@ -1,0 +1,159 @@
+"""Word-boundary experiments without the engine in the loop: record once, replay the post-processing.
+
+    .venv/bin/python benchmarks/boundary_replay.py record [--out benchmarks/out/boundary-replay.pkl]
+    .venv/bin/python benchmarks/boundary_replay.py replay [--out ...]
+
+``record`` runs one float32 ``WhisperAligner`` over three clip sets and keeps what the engine hands
+``results.window_results`` for every window (the captured cross-attention of the whole head pool, the
+tokens and their log-probabilities, the samples): forced alignment of the spoken text, and
+transcription. ``replay`` runs ``results.window_results`` again on the recording with the code as it is
+now (head selection, DTW, snapping, onset refinement) and prints the share of word starts within
+50 / 100 / 200 ms and the start MAE per set; a change to that code is measured in seconds instead of an
+engine run. Transcribed figures are over the words heard.
+
+The sets: *dev*, 48 continuous clips (pairs of benchmarks/audio.py's ALL_SENTENCES, the dev voices and
+rates named there, a third with noise), for choosing constants; *held*, the benchmark's 24 held-out
+continuous clips (``make_continuous``), for checking them; *pauses*, the benchmark's 48 short clips of
+words with pauses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from audio import ALL_SENTENCES, NUM_CONTINUOUS, make_continuous, make_short  # noqa: E402
+from speech import SpokenClip, start_errors, synthesize_sentence  # noqa: E402
+
+DEFAULT_OUT = HERE / "out" / "boundary-replay.pkl"
+# The voices and rates the boundary constants were chosen on (benchmarks/audio.py: never the held-out ones).
+DEV_VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp", "en-us+m3", "en-029"]
+DEV_RATES = [140, 150, 160, 170, 180, 190]
+NUM_DEV, NUM_PAUSES = 48, 48
+SETS = ("dev", "held", "pauses")
+MODES = ("forced", "transcribed")
+
+
+def dev_clip(index: int) -> SpokenClip:
+    n = len(ALL_SENTENCES)
+    first, second = ALL_SENTENCES[index % n], ALL_SENTENCES[(7 * index + 5) % n]
+    text = f"{first[0].upper()}{first[1:]}. {second[0].upper()}{second[1:]}."
+    return synthesize_sentence(
+        text, DEV_VOICES[index % 6], DEV_RATES[(index // 6 + index) % 6], lead_s=0.3 + 0.1 * (index % 4),
+        tail_s=0.4, noise_db={1: -45.0, 2: -35.0}.get(index % 3), seed=500 + index,
+    )
+
+
+def clip_sets() -> dict[str, list[SpokenClip]]:
+    return {
+        "dev": [dev_clip(i) for i in range(NUM_DEV)],
+        "held": [make_continuous(i)[0] for i in range(NUM_CONTINUOUS)],
+        "pauses": [make_short(i)[0] for i in range(NUM_PAUSES)],
+    }
+
+
+def record(out: Path) -> None:
+    from vllm_whisper_align import results
+    from vllm_whisper_align.checkpoints import default_model_path
+    from vllm_whisper_align.offline import WhisperAligner
+
+    sets = clip_sets()
+    calls: list[dict] = []
+    window_results = results.window_results
+
+    def keep(plan, outputs, fetched, tokens):
+        calls.append({
+            "windows": [(w.samples, w.offset, w.duration, w.alignment, w.forced_tokens)
+                        for w in plan.windows],
+            "outputs": list(outputs), "fetched": list(fetched), "language": plan.language,
+            "word_timestamps": plan.word_timestamps, "fallback": plan.fallback,
+        })
+        return window_results(plan, outputs, fetched, tokens)
+
+    results.window_results = keep
+    recorded: dict = {"clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips]
+                                for name, clips in sets.items()}}
+    with WhisperAligner(str(default_model_path()), dtype="float32") as aligner:
+        for name, clips in sets.items():
+            audio = [clip.samples for clip in clips]
+            for mode in MODES:
+                calls.clear()
+                if mode == "forced":
+                    aligner.align(audio, [clip.text for clip in clips])
+                else:
+                    aligner.transcribe(audio, language="en")
+                recorded[(name, mode)] = list(calls)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as file:
+        pickle.dump(recorded, file)
+    print(f"recorded {sum(len(c) for c in sets.values())} clips to {out}")
+
+
+def load(path: Path) -> tuple[dict, object]:
+    from transformers import AutoTokenizer
+
+    from vllm_whisper_align.checkpoints import default_model_path
+    from vllm_whisper_align.tokenizer import WhisperTokens
+
+    with open(path, "rb") as file:
+        recorded = pickle.load(file)
+    model = default_model_path()
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    return recorded, WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(str(model)), vocab_size)
+
+
+def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict]]:
+    """Every clip's words, from the recorded engine answers through today's post-processing."""
+    from vllm_whisper_align import results
+
+    words = []
+    for call in recorded[(name, mode)]:
+        windows = [SimpleNamespace(samples=s, offset=o, duration=d, alignment=a, forced_tokens=f)
+                   for s, o, d, a, f in call["windows"]]
+        plan = SimpleNamespace(windows=windows, word_timestamps=call["word_timestamps"],
+                               language=call["language"], fallback=call["fallback"])
+        answers = results.window_results(plan, call["outputs"], call["fetched"], tokens)
+        words.append([{"word": w.word, "start": w.start} for r in answers if r is not None for w in r.words])
+    return words
+
+
+def shares(recorded: dict, name: str, words: list[list[dict]], heard_only: bool) -> str:
+    errors = np.concatenate([
+        start_errors(SpokenClip(np.zeros(1), *clip), clip_words)
+        for clip, clip_words in zip(recorded["clips"][name], words, strict=True)
+    ])
+    errors = errors[np.isfinite(errors)] if heard_only else errors[~np.isnan(errors)]
+    within = " / ".join(f"{100 * np.mean(errors <= ms / 1000):.1f}" for ms in (50, 100, 200))
+    return f"{within}, MAE {1000 * np.mean(errors[np.isfinite(errors)]):.0f} ms"
+
+
+def replay(path: Path) -> None:
+    recorded, tokens = load(path)
+    for name in SETS:
+        for mode in MODES:
+            words = replay_words(recorded, tokens, name, mode)
+            print(f"{name:6} {mode:11} {shares(recorded, name, words, heard_only=mode == 'transcribed')}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("action", choices=["record", "replay"])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    record(args.out) if args.action == "record" else replay(args.out)
+
+
+if __name__ == "__main__":
+    main()
