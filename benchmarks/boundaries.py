@@ -35,9 +35,11 @@ def clips_by_kind(truth: dict) -> dict[str, list[SpokenClip]]:
     }
 
 
-def shares(clips: list[SpokenClip], results: list[dict]) -> dict[str, float]:
+def shares(clips: list[SpokenClip], results: list[dict], heard_only: bool = False) -> dict[str, float]:
+    """Shares within 50 / 100 / 200 ms and the start MAE over the words with a known start; with
+    ``heard_only``, over those the results have (a transcription's heard words)."""
     errors = np.concatenate([start_errors(c, r["words"]) for c, r in zip(clips, results, strict=True)])
-    errors = errors[~np.isnan(errors)]
+    errors = errors[np.isfinite(errors)] if heard_only else errors[~np.isnan(errors)]
     out = {f"within_{ms}ms_pct": round(100 * float(np.mean(errors <= ms / 1000)), 1) for ms in (50, 100, 200)}
     return {**out, "start_mae_ms": round(1000 * float(np.mean(errors)), 1), "words": int(errors.size)}
 

@@ -8,8 +8,8 @@
 tokens and their log-probabilities, the samples): forced alignment of the spoken text, and
 transcription. ``replay`` runs ``results.window_results`` again on the recording with the code as it is
 now (head selection, DTW, snapping, onset refinement) and prints the share of word starts within
-50 / 100 / 200 ms and the start MAE per set; a change to that code is measured in seconds instead of an
-engine run. Transcribed figures are over the words heard.
+50 / 100 / 200 ms and the start MAE per set (``boundaries.shares``); a change to that code is measured
+in seconds instead of an engine run. Transcribed figures are over the words heard.
 
 The sets: *dev*, 48 continuous clips (pairs of benchmarks/audio.py's ALL_SENTENCES, the dev voices and
 rates named there, a third with noise), for choosing constants; *held*, the benchmark's 24 held-out
@@ -33,7 +33,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from audio import ALL_SENTENCES, NUM_CONTINUOUS, make_continuous, make_short  # noqa: E402
-from speech import SpokenClip, start_errors, synthesize_sentence  # noqa: E402
+from boundaries import shares  # noqa: E402
+from speech import SpokenClip, synthesize_sentence  # noqa: E402
 
 DEFAULT_OUT = HERE / "out" / "boundary-replay.pkl"
 # The voices and rates the boundary constants were chosen on (benchmarks/audio.py: never the held-out ones).
@@ -127,22 +128,15 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
     return words
 
 
-def shares(recorded: dict, name: str, words: list[list[dict]], heard_only: bool) -> str:
-    errors = np.concatenate([
-        start_errors(SpokenClip(np.zeros(1), *clip), clip_words)
-        for clip, clip_words in zip(recorded["clips"][name], words, strict=True)
-    ])
-    errors = errors[np.isfinite(errors)] if heard_only else errors[~np.isnan(errors)]
-    within = " / ".join(f"{100 * np.mean(errors <= ms / 1000):.1f}" for ms in (50, 100, 200))
-    return f"{within}, MAE {1000 * np.mean(errors[np.isfinite(errors)]):.0f} ms"
-
-
 def replay(path: Path) -> None:
     recorded, tokens = load(path)
     for name in SETS:
+        clips = [SpokenClip(np.zeros(1), *clip) for clip in recorded["clips"][name]]
         for mode in MODES:
             words = replay_words(recorded, tokens, name, mode)
-            print(f"{name:6} {mode:11} {shares(recorded, name, words, heard_only=mode == 'transcribed')}")
+            figures = shares(clips, [{"words": w} for w in words], heard_only=mode == "transcribed")
+            print(f"{name:6} {mode:11} {figures['within_50ms_pct']} / {figures['within_100ms_pct']} / "
+                  f"{figures['within_200ms_pct']}, MAE {figures['start_mae_ms']} ms")
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ sys.path.insert(0, str(HERE / "runners"))
 
 from audio import build_alignment  # noqa: E402
 from common import load_wav, log  # noqa: E402
+from vllm_whisper_align.audio import SAMPLE_RATE  # noqa: E402
 from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
 
 OUT = HERE / "out"
@@ -43,18 +44,18 @@ REQUEST_TIMEOUT_S = 3 * 3600
 
 
 def encode_opus(samples: np.ndarray, path: Path) -> None:
-    """16 kHz mono float samples to Ogg/Opus at OPUS_BIT_RATE, with PyAV (vLLM's own audio decoder)."""
+    """Mono float samples at SAMPLE_RATE to Ogg/Opus at OPUS_BIT_RATE, with PyAV (vLLM's audio decoder)."""
     import av
 
     with av.open(str(path), "w", format="ogg") as container:
-        stream = container.add_stream("libopus", rate=16000)
+        stream = container.add_stream("libopus", rate=SAMPLE_RATE)
         stream.bit_rate = OPUS_BIT_RATE
         stream.layout = "mono"
-        block = 16000 * 60
+        block = SAMPLE_RATE * 60
         for start in range(0, len(samples), block):
             piece = np.ascontiguousarray(samples[start : start + block], dtype=np.float32)[None, :]
             frame = av.AudioFrame.from_ndarray(piece, format="flt", layout="mono")
-            frame.sample_rate = 16000
+            frame.sample_rate = SAMPLE_RATE
             frame.pts = start
             for packet in stream.encode(frame):
                 container.mux(packet)
@@ -62,41 +63,38 @@ def encode_opus(samples: np.ndarray, path: Path) -> None:
             container.mux(packet)
 
 
-def warm_up_audio() -> bytes:
-    """The first 20 s of the recording as WAV: one short request per door before the timed ones."""
+def wav_bytes(samples: np.ndarray) -> bytes:
     import io
 
-    from vllm_whisper_align.audio import SAMPLE_RATE
     import soundfile
 
-    truth = json.loads((OUT / "audio" / "align_truth.json").read_text())
     buffer = io.BytesIO()
-    samples = load_wav(truth[RECORDING_ID]["path"])[: 20 * SAMPLE_RATE]
     soundfile.write(buffer, samples, SAMPLE_RATE, format="WAV")
     return buffer.getvalue()
 
 
-async def warm_up(base: str) -> None:
-    audio = warm_up_audio()
+async def warm_up(base: str, samples: np.ndarray) -> None:
+    """One short request per door (the first 20 s of the recording) before the timed ones."""
+    audio = wav_bytes(samples[: 20 * SAMPLE_RATE])
     _, body = await post(base, "/v1/audio/transcriptions", audio, {"response_format": "json"}, "warm.wav")
     await post(base, "/v1/audio/alignments", audio, {"text": body["text"]}, "warm.wav")
 
 
-def build_recording(hours: float) -> tuple[Path, str, np.ndarray, float]:
-    """The repeated recording as Opus, its text, every word's true start, and its duration."""
+def build_recording(hours: float) -> tuple[Path, str, np.ndarray, float, np.ndarray]:
+    """The repeated recording as Opus, its text, every word's true start, its duration, and the samples
+    of one copy."""
     truth_path = OUT / "audio" / "align_truth.json"
     truth = json.loads(truth_path.read_text()) if truth_path.exists() else build_alignment(OUT / "audio")
     one = truth[RECORDING_ID]
     samples = load_wav(one["path"])
     repeats = max(1, int(np.ceil(hours * 3600 / one["duration"])))
-    duration = repeats * len(samples) / 16000
+    copy_s = len(samples) / SAMPLE_RATE
     path = OUT / "audio" / f"{RECORDING_ID}-x{repeats}.ogg"
     if not path.exists():
-        log(f"hours: encoding {repeats} copies ({duration / 3600:.2f} h) to {path}")
+        log(f"hours: encoding {repeats} copies ({repeats * copy_s / 3600:.2f} h) to {path}")
         encode_opus(np.tile(samples, repeats), path)
-    starts = np.concatenate([np.asarray(one["starts"], dtype=float) + k * len(samples) / 16000
-                             for k in range(repeats)])
-    return path, " ".join([one["text"]] * repeats), starts, duration
+    starts = np.concatenate([np.asarray(one["starts"], dtype=float) + k * copy_s for k in range(repeats)])
+    return path, " ".join([one["text"]] * repeats), starts, repeats * copy_s, samples
 
 
 async def post(
@@ -173,7 +171,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    path, text, starts, duration = build_recording(args.hours)
+    path, text, starts, duration, one_copy = build_recording(args.hours)
     from vllm_whisper_align.server.service import MAX_AUDIO_ENV
 
     audio = path.read_bytes()
@@ -184,7 +182,7 @@ def main() -> None:
     rows = []
     try:
         wait_healthy(base, server)
-        asyncio.run(warm_up(base))
+        asyncio.run(warm_up(base, one_copy))
         for index in range(args.rounds):
             row = asyncio.run(one_round(base, audio, text, starts))
             log(f"hours: round {index + 1}: alignment {row['align_s']} s, transcription "

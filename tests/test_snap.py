@@ -83,8 +83,8 @@ def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
 
 def test_refine_weighs_onsets_by_their_distance():
     speech = np.ones(150, dtype=bool)
-    onsets = _onsets_with_peak_at(1.03)
-    onsets[103], onsets[110] = 1.0, 5.0  # a weak onset next to the start, a strong one 100 ms on
+    onsets = _onsets_with_peak_at(1.1)  # a strong onset 100 ms on (5.0)
+    onsets[103] = 1.0  # and a weak one next to the start
     strong = WordTiming(" w", [1], 1.0, 1.5, 1.0)
     refine_starts([strong], onsets, speech, 0.0, 0.01)
     assert strong.start == 1.1
