@@ -1,11 +1,11 @@
 """Hours of audio through `serve`'s defaults: forced alignment of one whole recording against its
 transcription with word timestamps (issue #10's 3-hour case).
 
-    .venv/bin/python benchmarks/longform_hours.py [--hours 3] [--rounds 1]
+    .venv/bin/python benchmarks/longform_hours.py [--hours 0.05 0.2 3] [--rounds 1]
 
-The recording is benchmarks/audio.py's continuous alignment recording (about 5 minutes, every word's
-start known) repeated to ``--hours`` and encoded as 16 kbps Opus in Ogg, the compressed file a user
-would send (about 7 MB an hour). Each round posts it to /v1/audio/alignments with its text, then to
+Each recording is benchmarks/audio.py's continuous alignment recording (about 5 minutes, every word's
+start known) repeated to one of ``--hours`` (one server for all) and encoded as 16 kbps Opus in Ogg,
+the compressed file a user would send (about 7 MB an hour). Each round posts it to /v1/audio/alignments with its text, then to
 /v1/audio/transcriptions with word timestamps, one request at a time. Before each request the server
 is left idle until it has emptied its encoder cache (``memory.IDLE_BEFORE_RETURNING_MEMORY_S``), so
 neither request reuses the other's encoder outputs. Prints wall times (medians over rounds), words
@@ -146,64 +146,84 @@ async def one_round(base: str, audio: bytes, text: str, starts: np.ndarray) -> d
 
 def section(summary: dict) -> list[str]:
     """RESULTS.md's section for this script's output (``summary``: the JSON it writes)."""
-    rows = summary["rounds"]
     lines = [
         "## Hours of audio through serve", "",
         f"`{summary['command']}` ({summary.get('date', '')}): `serve` with its defaults, the benchmark's "
-        f"continuous recording repeated to {summary['duration_s'] / 3600:.2f} h ({summary['words']} words, "
-        f"{summary['file_mib']} MiB of 16 kbps Opus), aligned to its text, then transcribed with word "
-        "timestamps, one request at a time, the encoder cache emptied before each:", "",
-        "| round | alignment s | transcription s | words aligned | start MAE, first hour ms | last hour ms |",
-        "|---|---|---|---|---|---|",
+        "continuous recording repeated to each length and sent as 16 kbps Opus, aligned to its text, then "
+        "transcribed with word timestamps, one request at a time, the encoder cache emptied before each "
+        "(*start MAE*: of the aligned words whose true start is in the recording's first / last hour):", "",
+        "| recording | words | round | alignment s | transcription s | words aligned | start MAE, first hour ms "
+        "| last hour ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for index, row in enumerate(rows, 1):
-        lines.append(f"| {index} | {row['align_s']} | {row['transcribe_s']} | "
-                     f"{row['align_words_aligned']} of {row['align_words']} | "
-                     f"{row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |")
-    speed = summary["alignment_speed_vs_transcription"]
-    return lines + ["", f"Alignment runs at {speed:.2f}× transcription's speed (medians; target ≥ 1×).", ""]
+    for recording in summary["recordings"]:
+        name = f"{_length(recording['duration_s'])}, {recording['file_mib']} MiB"
+        for index, row in enumerate(recording["rounds"], 1):
+            lines.append(f"| {name} | {recording['words']} | {index} | {row['align_s']} | {row['transcribe_s']} "
+                         f"| {row['align_words_aligned']} of {row['align_words']} "
+                         f"| {row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |")
+    lines.append("")
+    for recording in summary["recordings"]:
+        lines.append(f"- {_length(recording['duration_s'])}: alignment runs at "
+                     f"{recording['alignment_speed_vs_transcription']:.2f}× transcription's speed "
+                     "(medians; target ≥ 1×).")
+    return lines + [""]
+
+
+def _length(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def measure(base: str, hours: float, rounds: int) -> dict:
+    """One recording of ``hours``, aligned and transcribed ``rounds`` times (the server's duration
+    limit must allow it): its figures."""
+    path, text, starts, duration, _ = build_recording(hours)
+    audio = path.read_bytes()
+    rows = []
+    for index in range(rounds):
+        row = asyncio.run(one_round(base, audio, text, starts))
+        log(f"hours: {duration / 3600:.2f} h, round {index + 1}: alignment {row['align_s']} s, transcription "
+            f"{row['transcribe_s']} s, {row['align_words_aligned']}/{row['align_words']} words aligned")
+        rows.append(row)
+    align = statistics.median(r["align_s"] for r in rows)
+    transcribe = statistics.median(r["transcribe_s"] for r in rows)
+    print(f"{duration / 3600:.2f} h ({len(starts)} words, {len(audio) / 2**20:.1f} MiB Opus): alignment "
+          f"{align:.1f} s, transcription {transcribe:.1f} s (medians of {len(rows)}): alignment runs "
+          f"{transcribe / align:.2f}x transcription's speed")
+    return {
+        "recording": str(path.relative_to(HERE.parent)), "duration_s": round(duration, 1),
+        "file_mib": round(len(audio) / 2**20, 1), "words": len(starts), "rounds": rows,
+        "median_align_s": align, "median_transcribe_s": transcribe,
+        "alignment_speed_vs_transcription": round(transcribe / align, 2),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--hours", type=float, default=3.0)
+    parser.add_argument("--hours", type=float, nargs="+", default=[3.0])
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    path, text, starts, duration, one_copy = build_recording(args.hours)
     from vllm_whisper_align.server.service import MAX_AUDIO_ENV
 
-    audio = path.read_bytes()
-    os.environ[MAX_AUDIO_ENV] = str(int(duration) + 60)  # the server inherits it
+    longest = max(build_recording(hours)[3] for hours in args.hours)
+    os.environ[MAX_AUDIO_ENV] = str(int(longest) + 60)  # the server inherits it
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = start_server(None, "default", 32, port, OUT / "logs" / "longform-hours-server.log")
-    rows = []
     try:
         wait_healthy(base, server)
-        asyncio.run(warm_up(base, one_copy))
-        for index in range(args.rounds):
-            row = asyncio.run(one_round(base, audio, text, starts))
-            log(f"hours: round {index + 1}: alignment {row['align_s']} s, transcription "
-                f"{row['transcribe_s']} s, {row['align_words_aligned']}/{row['align_words']} words aligned")
-            rows.append(row)
+        asyncio.run(warm_up(base, build_recording(min(args.hours))[4]))
+        recordings = [measure(base, hours, args.rounds) for hours in args.hours]
     finally:
         stop_server(server)
-    align = statistics.median(r["align_s"] for r in rows)
-    transcribe = statistics.median(r["transcribe_s"] for r in rows)
     summary = {
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join([".venv/bin/python", "benchmarks/longform_hours.py", *sys.argv[1:]]),
-        "recording": str(path.relative_to(HERE.parent)), "duration_s": round(duration, 1),
-        "file_mib": round(len(audio) / 2**20, 1), "words": len(starts), "rounds": rows,
-        "median_align_s": align, "median_transcribe_s": transcribe,
-        "alignment_speed_vs_transcription": round(transcribe / align, 2),
+        "recordings": recordings,
     }
     (OUT / "longform-hours.json").write_text(json.dumps(summary, indent=1))
-    print(f"{duration / 3600:.2f} h ({len(starts)} words, {summary['file_mib']} MiB Opus): alignment "
-          f"{align:.1f} s, transcription {transcribe:.1f} s (medians of {len(rows)}): alignment runs "
-          f"{summary['alignment_speed_vs_transcription']:.2f}x transcription's speed")
 
 
 if __name__ == "__main__":

@@ -476,40 +476,46 @@ def test_failed_windows_are_aligned_again_with_their_neighbours():
 
 class FakeEngine:
     """Answers alignment_steps' plans as the engine would for speech of ``spoken`` (per window: its
-    words): a prefix step hears each window's first words, a full one all of them, and a forced window
-    gets its tokens one after another, 0.3 s apart from 1 s after its offset, each of rank 1 except
-    those of ``unheard`` words in the short pass. Records the windows each step ran."""
+    words): a prefix step hears each window's first words, a full one all of them (both past the
+    first ``skipped_start[w]`` words of window w, as tiny.en's transcript skips a window's first
+    sentences), and a forced window gets its tokens one after another, 0.3 s apart from 1 s after its
+    offset; a token is of rank 1 and its word's probability high where the window holds the word,
+    except for ``unheard`` words before the full pass, else of rank 7 and probability 0.01. Records
+    the windows each step ran."""
 
-    def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset()):
+    def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset(),
+                 skipped_start: dict[int, int] | None = None):
         self.tokens, self.spoken, self.unheard = tokens, spoken, unheard
+        self.skipped_start = skipped_start or {}
         self.offsets = [w.offset for w in windows]
         # Per step: its name, the windows transcribed, the windows forced.
         self.steps: list[tuple[str, list[int], list[int]]] = []
 
     def run(self, name: str, plans) -> list[dict]:
-        short = name.startswith("p")
+        short = name.startswith(("p", "z"))  # before the full pass
         heard, forced, bodies = [], [], []
         for plan in plans:
             window = self.offsets.index(plan.windows[0].offset)
             if plan.windows[0].forced_tokens is None:
                 heard.append(window)
-                words = self.spoken[window].split()[: 6 if short else None]
-                bodies.append({"text": " ".join(words)})
+                words = self.spoken[window].split()[self.skipped_start.get(window, 0):]
+                bodies.append({"text": " ".join(words[: 6 if short else None])})
             else:
                 forced.append(window)
-                bodies.append(self.forced(plan, probability=0.9 if short else 0.8, short=short))
+                bodies.append(self.forced(plan, window, probability=0.9 if short else 0.8, short=short))
         self.steps.append((name, heard, forced))
         return bodies
 
-    def forced(self, plan, probability: float, short: bool) -> dict:
-        window = plan.windows[0]
-        words = longform.text_words(window.forced_tokens, self.tokens, "en")
-        entries, ranks, time = [], [], window.offset + 1.0
+    def forced(self, plan, window: int, probability: float, short: bool) -> dict:
+        held = set(self.spoken[window].split())
+        words = longform.text_words(plan.windows[0].forced_tokens, self.tokens, "en")
+        entries, ranks, time = [], [], plan.windows[0].offset + 1.0
         for word in words:
+            heard = word.key in held and not (short and word.key in self.unheard)
             for token in word.tokens:
                 entries.append({"id": token, "text": "", "start": time, "end": time + 0.2,
-                                "probability": probability})
-                ranks.append(7 if short and word.key in self.unheard else 1)
+                                "probability": probability if word.key in held else 0.01})
+                ranks.append(1 if heard else 7)
             time += 0.3
         return {"text": "", "words": [], "tokens": entries, "segments": [], "token_ranks": ranks}
 
@@ -543,14 +549,14 @@ def test_clean_text_takes_the_short_first_pass_alone(tokens, five_windows):
 
 
 def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, five_windows):
-    """Window 3's text fails the check: windows 2-4 are transcribed whole and aligned again; windows 0
-    and 1 keep the short pass's words."""
+    """Window 3's text fails the check, and still does with its boundaries shared: windows 2-4 are
+    transcribed whole and aligned again; windows 0 and 1 keep the short pass's words."""
     samples, windows, spoken = five_windows
     engine = FakeEngine(tokens, windows, spoken, unheard={f"delta{i}" for i in range(12)})
     text = " ".join(spoken)
     body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
     assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]),
-                            ("h", [2, 3, 4], []), ("a", [], [4, 3, 2])]
+                            ("z", [], [4, 2]), ("h", [2, 3, 4], []), ("a", [], [4, 3, 2])]
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text
     assert all(w["aligned"] for w in words)
@@ -559,6 +565,24 @@ def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, f
     starts = np.array([w["start"] for w in words])
     np.testing.assert_allclose(starts[::12], [w.offset + 1.0 for w in windows])
     assert np.all(np.diff(starts) > 0)
+
+
+def test_a_start_placed_late_is_mended_by_sharing_its_boundary(tokens, five_windows):
+    """Window 3's transcript skips its first 5 words, so its prefix places it 5 words late and window
+    2 is forced with them: they fail the check there. Shared with window 3 (forced again with them
+    before its own; window 2's share is unchanged), they go to window 3, without a full first pass."""
+    samples, windows, spoken = five_windows
+    engine = FakeEngine(tokens, windows, spoken, skipped_start={3: 5})
+    text = " ".join(spoken)
+    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]),
+                            ("z", [], [3])]
+    words = body["words"]
+    assert "".join(w["word"] for w in words).strip() == text
+    assert all(w["aligned"] and w["probability"] == pytest.approx(0.9) for w in words)
+    starts = np.array([w["start"] for w in words])
+    window_of_start = np.searchsorted([w.offset for w in windows], starts, side="right") - 1
+    np.testing.assert_array_equal(window_of_start, np.repeat(np.arange(5), 12))
 
 
 def test_the_short_pass_forces_each_block_while_the_next_is_heard(tokens, five_windows, monkeypatch):

@@ -8,9 +8,10 @@ two engine passes, each a batch of all windows (:func:`alignment_steps` drives t
    (:func:`transcription_plans` with ``max_tokens``), :func:`short_pass` lays each prefix on the text
    (:func:`place_prefixes`) and forces every window's share (step 3), a block of windows at a time.
    A window's words stand unless :func:`unheard_windows` finds in the second pass's own token ranks
-   and word spans text the model does not hear, or an aside. Such windows and their neighbours
-   (:func:`realign_regions`) go through steps 1-4 with the text they kept between them; all windows
-   do if a share overflows the decoder:
+   and word spans text the model does not hear, or an aside. Unheard words next to a boundary are
+   first shared with the window across it (:func:`rezone`: a start placed wrong); windows that still
+   fail and their neighbours (:func:`realign_regions`) go through steps 1-4 with the text they kept
+   between them; all windows do if a share overflows the decoder:
 1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
    ``audio.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
 2. :func:`split_text`: the given words are matched to the heard words (normalised, minimum edit
@@ -424,6 +425,15 @@ MIN_PREFIX_MATCH = 0.25
 PREFIX_SURE_WORDS = 4
 PREFIX_SURE_MATCHES = 2
 PREFIX_SURE_SHARE = 0.5
+# When windows fail the check (unheard_windows), each boundary with unheard words within REZONE_WORDS
+# of its cut is first shared over them and its two windows forced again (rezone): a start placed
+# wrong, as when the model's transcript skips a window's first sentences (14 words, 4 s of Opus-coded
+# continuous speech with tiny.en), is mended by one forced pass of two or three windows; only the
+# windows that still fail go through a full first pass.
+REZONE_WORDS = ZONE_MAX_WORDS
+# Such a run of unheard words may hold this many heard words in a row (a word the model would say
+# anywhere: "the", "of").
+REZONE_GAP_WORDS = 2
 # Every AGREEMENT_SPAN consecutive tokens of the text, each read in the window that keeps it, must hold
 # at least MIN_AGREEMENT tokens the model would have picked itself there (rank 1). Measured on tiny.en
 # (README): spoken text 0.58 at worst, a skipped paragraph of 10-21 words 0.2 at most.
@@ -512,11 +522,18 @@ def prefix_split(words: list[TextWord], starts: np.ndarray, unsure: np.ndarray) 
 
 def unheard_windows(reading: Reading) -> np.ndarray:
     """Per window of a :func:`prefix_split`'s second pass, whether the text it keeps fails what a full
-    first pass would have caught: it has no usable result, or some AGREEMENT_SPAN consecutive tokens
-    it keeps (read in text order across windows, so that a paragraph cut by a boundary is seen
-    whole) hold under MIN_AGREEMENT tokens the model would have said itself, or one of its words
-    spans an aside (MAX_WORD_SECONDS)."""
+    first pass would have caught: it keeps a word of :func:`unheard_words`."""
     failed = np.zeros(len(reading.windows), dtype=bool)
+    failed[reading.owner[unheard_words(reading) & (reading.owner >= 0)]] = True
+    return failed
+
+
+def unheard_words(reading: Reading) -> np.ndarray:
+    """Per given word, whether the window that keeps it has no usable result for it, or it holds a
+    token of a stretch the model does not hear: some AGREEMENT_SPAN consecutive tokens (read in
+    text order across windows, so that a paragraph cut by a boundary is seen whole) holding under
+    MIN_AGREEMENT tokens the model would have said itself; or it spans an aside (MAX_WORD_SECONDS)."""
+    unheard = np.zeros(len(reading.owner), dtype=bool)
     agreement: list[np.ndarray] = []
     holder: list[np.ndarray] = []
     for index, window in enumerate(reading.owner):
@@ -525,14 +542,14 @@ def unheard_windows(reading: Reading) -> np.ndarray:
         words = reading.windows[window]
         said = words.said(index)
         if said is None:
-            failed[window] = True
+            unheard[index] = True
             continue
         agreement.append(said)
-        holder.append(np.full(len(said), window))
-        failed[window] |= words.seconds(index) > MAX_WORD_SECONDS
+        holder.append(np.full(len(said), index))
+        unheard[index] |= words.seconds(index) > MAX_WORD_SECONDS
     if agreement:
-        failed[np.concatenate(holder)[_disagreeing(np.concatenate(agreement))]] = True
-    return failed
+        unheard[np.concatenate(holder)[_disagreeing(np.concatenate(agreement))]] = True
+    return unheard
 
 
 def _disagreeing(agreement: np.ndarray) -> np.ndarray:
@@ -715,6 +732,13 @@ def alignment_steps(
         regions = [(0, len(prefixes))]
     else:
         failed = unheard_windows(reading)
+        if failed.any():
+            first_failed = int(failed.sum())
+            reading = yield from rezone(reading, prefixes, tokens, language, alignment_method)
+            failed = unheard_windows(reading)
+            logger.info("Long-form alignment: %d of %d windows failed the check, %d still do with the "
+                        "boundaries next to their unheard words shared", first_failed, len(prefixes),
+                        int(failed.sum()))
         regions = realign_regions(failed)
     if regions:
         logger.info("Long-form alignment: %d of %d windows from a full first pass (%s)",
@@ -779,6 +803,69 @@ def short_pass(
     return Reading.read(prefix_split(given, starts, unsure), plans, bodies)
 
 
+def rezone(
+    reading: Reading, prefixes: Sequence[decoding.Plan], tokens: WhisperTokens, language: str,
+    alignment_method: str,
+) -> Generator[Step, list[dict[str, Any]], Reading]:
+    """The short pass's ``reading`` with each boundary next to :func:`unheard_words` shared over them
+    (:func:`widen_zones`), so that :func:`choose_cuts` can move a start the prefix placed wrong (the
+    model's transcript skipped a window's first sentences: its prefix, and a full first pass, miss
+    them). One forced pass of the windows whose share grew; the others keep their answers."""
+    split = widen_zones(reading.split, reading.cuts, reading.owner, unheard_words(reading), REZONE_WORDS)
+    changed = [w for w in range(split.num_windows)
+               if not np.array_equal(split.share(w), reading.split.share(w))]
+    if not changed:
+        return reading
+    plans, bodies = list(reading.plans), list(reading.bodies)
+    try:
+        for w, plan in zip(changed, window_plans(
+            split, prefixes, [[] for _ in prefixes], tokens, language, alignment_method, changed
+        ), strict=True):
+            plans[w], bodies[w] = plan, None
+    except decoding.AlignmentInputError:  # a widened share too long for the decoder: the full pass decides
+        return reading
+    order = [w for w in second_pass_order(plans) if w in changed]
+    answers = (yield "z", [plans[w] for w in order]) if order else []
+    for w, body in zip(order, answers, strict=True):
+        bodies[w] = body
+    return Reading.read(split, plans, bodies)
+
+
+def widen_zones(split: Split, cuts: np.ndarray, owner: np.ndarray, unheard: np.ndarray, reach: int) -> Split:
+    """``split`` with each boundary's zone reaching over the ``unheard`` words that run from its cut
+    (``cuts``; :func:`_unheard_run`) into the window before, which then may be the next window's,
+    or into the window after, which then may be the previous one's (``owner``: each word's window).
+    Zones keep running forward."""
+    zones = split.zones.copy()
+    for boundary, cut in enumerate(cuts):
+        before = _unheard_run(unheard, owner == boundary, cut, -1, reach)
+        after = _unheard_run(unheard, owner == boundary + 1, cut, 1, reach)
+        if before is not None:
+            zones[boundary] = [min(zones[boundary, 0], before), max(zones[boundary, 1], cut)]
+        if after is not None:
+            zones[boundary] = [min(zones[boundary, 0], cut), max(zones[boundary, 1], after + 1)]
+    zones = np.maximum.accumulate(zones, axis=0) if len(zones) else zones
+    return Split(split.words, split.aligned, split.estimates, zones, split.extra, dict(split.fillers))
+
+
+def _unheard_run(unheard: np.ndarray, kept: np.ndarray, cut: int, direction: int, reach: int) -> int | None:
+    """The farthest word of a run of ``unheard`` words among the ``kept`` ones that starts at ``cut``
+    (going back from the word before it, direction -1, or on from it, +1) and goes on while at most
+    REZONE_GAP_WORDS kept words in a row are heard, within ``reach`` words; None without one."""
+    farthest, gap = None, 0
+    first = cut - 1 if direction < 0 else cut
+    for index in range(first, first + direction * reach, direction):
+        if not 0 <= index < len(unheard) or not kept[index]:
+            break
+        if unheard[index]:
+            farthest, gap = index, 0
+        else:
+            gap += 1
+            if gap > REZONE_GAP_WORDS:
+                break
+    return farthest
+
+
 def _second_pass(name: str, plans: Sequence[decoding.Plan | None]) -> Generator[Step, Any, list]:
     """The windows with text, in :func:`second_pass_order`; their bodies back in window order."""
     order = second_pass_order(plans)
@@ -807,6 +894,9 @@ class Reading:
     plans: list[decoding.Plan | None]
     cuts: np.ndarray  # per boundary: the first word kept by the window after it
     owner: np.ndarray  # per given word: its window, -1 where aligned nowhere
+    # What it was read from (rezone forces some windows again); :meth:`replace` leaves them.
+    split: Split
+    bodies: list[dict[str, Any] | None]
 
     @classmethod
     def read(
@@ -817,7 +907,7 @@ class Reading:
         words from ``first_word`` on."""
         windows = [_WindowWords.read(split, w, body, first_word) for w, body in enumerate(bodies)]
         cuts = choose_cuts(split, [w.logprobs for w in windows])
-        return cls(windows, list(plans), cuts, owners(split, cuts))
+        return cls(windows, list(plans), cuts, owners(split, cuts), split, list(bodies))
 
     def text_range(self, first: int, end: int) -> tuple[int, int]:
         """[lo, hi) of the given words kept by windows [first, end), all of them aligned."""
