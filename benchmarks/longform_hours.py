@@ -5,14 +5,14 @@ transcription with word timestamps (issue #10's 3-hour case).
 
 Each recording is benchmarks/audio.py's continuous alignment recording (about 5 minutes, every word's
 start known) repeated to one of ``--hours`` (one server for all) and encoded as 16 kbps Opus in Ogg,
-the compressed file a user would send (about 7 MB an hour). Each round posts it to /v1/audio/alignments with its text, then to
-/v1/audio/transcriptions with word timestamps, one request at a time. Before each request the server
-is left idle until it has emptied its encoder cache (``memory.IDLE_BEFORE_RETURNING_MEMORY_S``), so
-neither request reuses the other's encoder outputs. Prints wall times (medians over rounds), words
-returned and aligned, the alignment's start MAE against the known starts in the first and the last
-hour, and the server's encoder-cache counters; writes benchmarks/out/longform-hours.json. The one
-setting changed is the per-request limit on duration (``VLLM_WHISPER_ALIGN_MAX_AUDIO_S``, an hour by
-default), raised to the recording's length.
+the compressed file a user would send (about 7 MB an hour). Each round posts it to /v1/audio/alignments
+with its text, then to /v1/audio/transcriptions with word timestamps, one request at a time. Before each
+request the server is left idle until it has emptied its encoder cache
+(``memory.IDLE_BEFORE_RETURNING_MEMORY_S``), so neither request reuses the other's encoder outputs.
+Prints wall times (medians over rounds), words returned and aligned, the alignment's start MAE against
+the known starts in the first and the last hour, and the server's encoder-cache counters; writes
+benchmarks/out/longform-hours.json. The one setting changed is the per-request limit on duration
+(``VLLM_WHISPER_ALIGN_MAX_AUDIO_S``, an hour by default), raised to the longest recording's length.
 """
 
 from __future__ import annotations
@@ -152,15 +152,15 @@ def section(summary: dict) -> list[str]:
         "continuous recording repeated to each length and sent as 16 kbps Opus, aligned to its text, then "
         "transcribed with word timestamps, one request at a time, the encoder cache emptied before each "
         "(*start MAE*: of the aligned words whose true start is in the recording's first / last hour):", "",
-        "| recording | words | round | alignment s | transcription s | words aligned | start MAE, first hour ms "
-        "| last hour ms |",
+        "| recording | words | round | alignment s | transcription s | words aligned "
+        "| start MAE, first hour ms | last hour ms |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for recording in summary["recordings"]:
         name = f"{_length(recording['duration_s'])}, {recording['file_mib']} MiB"
         for index, row in enumerate(recording["rounds"], 1):
-            lines.append(f"| {name} | {recording['words']} | {index} | {row['align_s']} | {row['transcribe_s']} "
-                         f"| {row['align_words_aligned']} of {row['align_words']} "
+            lines.append(f"| {name} | {recording['words']} | {index} | {row['align_s']} "
+                         f"| {row['transcribe_s']} | {row['align_words_aligned']} of {row['align_words']} "
                          f"| {row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |")
     lines.append("")
     for recording in summary["recordings"]:
