@@ -197,6 +197,35 @@ def test_audio_from_a_uri(tmp_path):
         batch.read_audio((tmp_path / "no.wav").as_uri())
 
 
+# A process that watches its parent (batch_ray.exit_with_parent), with a child of its own; prints both
+# pids, then waits.
+ORPHAN_SCRIPT = """
+import subprocess, sys, time
+from vllm_whisper_align.batch_ray import exit_with_parent
+exit_with_parent(0.1)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"{__import__('os').getpid()} {child.pid}", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_replica_worker_exits_with_its_parent_and_takes_its_children():
+    """Its parent killed (SIGKILL: nothing runs there), the watcher kills its own child and exits."""
+    import psutil
+
+    run_watcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {ORPHAN_SCRIPT!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", run_watcher], stdout=subprocess.PIPE, text=True)
+    watcher_pid, child_pid = (int(pid) for pid in parent.stdout.readline().split())
+    watcher, child = psutil.Process(watcher_pid), psutil.Process(child_pid)
+    assert watcher.is_running() and child.is_running()
+    parent.kill()
+    parent.wait()
+    gone, alive = psutil.wait_procs([watcher, child], timeout=30)
+    for process in alive:
+        process.kill()
+    assert not alive, f"still running after their parent was killed: {alive}"
+
+
 # ---- end to end: real Ray, real engines --------------------------------------------------------
 
 

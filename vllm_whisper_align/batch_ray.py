@@ -31,6 +31,8 @@ BATCHES_IN_FLIGHT = 2
 # A replica's engine starts in about a minute on a small CPU machine, longer for a big model on a
 # loaded node: Ray Data's default wait for its actors is too short for that.
 REPLICA_START_TIMEOUT_S = 3600
+# How often a replica's worker looks whether its parent is still there (exit_with_parent).
+ORPHAN_POLL_S = 1.0
 
 
 def require_ray() -> None:
@@ -51,6 +53,7 @@ class Replica:
     """
 
     def __init__(self, model: str | None, engine_args: dict[str, Any], options: JobOptions):
+        exit_with_parent()
         _normal_priority()
         self.options = options
         self.engine = ServingEngine(model, engine_args)
@@ -69,6 +72,36 @@ class Replica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
+
+
+def exit_with_parent(poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
+    """Starts a daemon thread that, once this process's parent is gone (it was re-parented), kills this
+    process's children (an engine's processes) and then the process itself.
+
+    A job killed with SIGKILL takes its local Ray with it (one process group), and Ray's workers
+    normally go too; in one run of the killed-job test in several, a replica's worker and its engine
+    were still there two minutes later (tests/test_batch.py)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        _kill_children()
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _kill_children() -> None:
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
 
 
 class ServingEngine:
