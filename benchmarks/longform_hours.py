@@ -174,10 +174,10 @@ def _length(seconds: float) -> str:
     return f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
-def measure(base: str, hours: float, rounds: int) -> dict:
-    """One recording of ``hours``, aligned and transcribed ``rounds`` times (the server's duration
-    limit must allow it): its figures."""
-    path, text, starts, duration, _ = build_recording(hours)
+def measure(base: str, recording: tuple, rounds: int) -> dict:
+    """One recording (:func:`build_recording`'s), aligned and transcribed ``rounds`` times (the
+    server's duration limit must allow it): its figures."""
+    path, text, starts, duration, _ = recording
     audio = path.read_bytes()
     rows = []
     for index in range(rounds):
@@ -207,21 +207,22 @@ def main() -> None:
     args = parser.parse_args()
     from vllm_whisper_align.server.service import MAX_AUDIO_ENV
 
-    longest = max(build_recording(hours)[3] for hours in args.hours)
+    recordings = [build_recording(hours) for hours in args.hours]
+    longest = max(duration for _, _, _, duration, _ in recordings)
     os.environ[MAX_AUDIO_ENV] = str(int(longest) + 60)  # the server inherits it
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = start_server(None, "default", 32, port, OUT / "logs" / "longform-hours-server.log")
     try:
         wait_healthy(base, server)
-        asyncio.run(warm_up(base, build_recording(min(args.hours))[4]))
-        recordings = [measure(base, hours, args.rounds) for hours in args.hours]
+        asyncio.run(warm_up(base, recordings[0][4]))  # every recording repeats the same copy
+        figures = [measure(base, recording, args.rounds) for recording in recordings]
     finally:
         stop_server(server)
     summary = {
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join([".venv/bin/python", "benchmarks/longform_hours.py", *sys.argv[1:]]),
-        "recordings": recordings,
+        "recordings": figures,
     }
     (OUT / "longform-hours.json").write_text(json.dumps(summary, indent=1))
 

@@ -426,9 +426,9 @@ PREFIX_SURE_WORDS = 4
 PREFIX_SURE_MATCHES = 2
 PREFIX_SURE_SHARE = 0.5
 # When windows fail the check (unheard_windows), each boundary with unheard words within REZONE_WORDS
-# of its cut is first shared over them and its two windows forced again (rezone): a start placed
-# wrong, as when the model's transcript skips a window's first sentences (14 words, 4 s of Opus-coded
-# continuous speech with tiny.en), is mended by one forced pass of two or three windows; only the
+# of its cut is first shared over them, and the window across it forced again with them (rezone): a
+# start placed wrong, as when the model's transcript skips a window's first sentences (14 words, 4 s of
+# Opus-coded continuous speech with tiny.en), is mended by one forced pass of a window or two; only the
 # windows that still fail go through a full first pass.
 REZONE_WORDS = ZONE_MAX_WORDS
 # Such a run of unheard words may hold this many heard words in a row (a word the model would say
@@ -520,11 +520,13 @@ def prefix_split(words: list[TextWord], starts: np.ndarray, unsure: np.ndarray) 
     return Split(words, np.ones(len(words), dtype=bool), estimates, zones, [[] for _ in starts])
 
 
-def unheard_windows(reading: Reading) -> np.ndarray:
+def unheard_windows(reading: Reading, unheard: np.ndarray | None = None) -> np.ndarray:
     """Per window of a :func:`prefix_split`'s second pass, whether the text it keeps fails what a full
-    first pass would have caught: it keeps a word of :func:`unheard_words`."""
+    first pass would have caught: it keeps a word of :func:`unheard_words` (``unheard``, where the
+    caller has them already)."""
+    unheard = unheard_words(reading) if unheard is None else unheard
     failed = np.zeros(len(reading.windows), dtype=bool)
-    failed[reading.owner[unheard_words(reading) & (reading.owner >= 0)]] = True
+    failed[reading.owner[unheard & (reading.owner >= 0)]] = True
     return failed
 
 
@@ -720,8 +722,9 @@ def alignment_steps(
     suppress_tokens: Sequence[int], alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Steps:
     """The engine work of one recording's long-form alignment (module docstring): the short first pass
-    and its second pass; then, for the windows whose text fails :func:`unheard_windows` and their
-    neighbours (:func:`realign_regions`), or for all of them if a prefix's share overflowed the
+    and its second pass; then, for the windows whose text fails :func:`unheard_windows` even with
+    the boundaries next to its unheard words shared (:func:`rezone`), and their neighbours
+    (:func:`realign_regions`), or for all of them if a prefix's share overflowed the
     decoder, a full first pass and a second pass over the text those windows kept. Both doors drive
     it: the offline API runs one step of every recording in one ``generate`` call, the server each
     step's plans concurrently."""
@@ -731,10 +734,11 @@ def alignment_steps(
     if reading is None:
         regions = [(0, len(prefixes))]
     else:
-        failed = unheard_windows(reading)
+        unheard = unheard_words(reading)
+        failed = unheard_windows(reading, unheard)
         if failed.any():
             first_failed = int(failed.sum())
-            reading = yield from rezone(reading, prefixes, tokens, language, alignment_method)
+            reading = yield from rezone(reading, unheard, prefixes, tokens, language, alignment_method)
             failed = unheard_windows(reading)
             logger.info("Long-form alignment: %d of %d windows failed the check, %d still do with the "
                         "boundaries next to their unheard words shared", first_failed, len(prefixes),
@@ -804,14 +808,15 @@ def short_pass(
 
 
 def rezone(
-    reading: Reading, prefixes: Sequence[decoding.Plan], tokens: WhisperTokens, language: str,
-    alignment_method: str,
+    reading: Reading, unheard: np.ndarray, prefixes: Sequence[decoding.Plan], tokens: WhisperTokens,
+    language: str, alignment_method: str,
 ) -> Generator[Step, list[dict[str, Any]], Reading]:
-    """The short pass's ``reading`` with each boundary next to :func:`unheard_words` shared over them
-    (:func:`widen_zones`), so that :func:`choose_cuts` can move a start the prefix placed wrong (the
-    model's transcript skipped a window's first sentences: its prefix, and a full first pass, miss
-    them). One forced pass of the windows whose share grew; the others keep their answers."""
-    split = widen_zones(reading.split, reading.cuts, reading.owner, unheard_words(reading), REZONE_WORDS)
+    """The short pass's ``reading`` with each boundary next to its ``unheard`` words
+    (:func:`unheard_words`) shared over them (:func:`widen_zones`), so that :func:`choose_cuts` can
+    move a start the prefix placed wrong (the model's transcript skipped a window's first sentences:
+    its prefix, and a full first pass, miss them). One forced pass of the windows whose share grew;
+    the others keep their answers."""
+    split = widen_zones(reading.split, reading.cuts, reading.owner, unheard, REZONE_WORDS)
     changed = [w for w in range(split.num_windows)
                if not np.array_equal(split.share(w), reading.split.share(w))]
     if not changed:
