@@ -562,19 +562,22 @@ def test_long_silence_is_cut_into_full_windows():
     assert [len(c.samples) for c in chunks] == [30 * SAMPLE_RATE, 30 * SAMPLE_RATE]
 
 
-def test_onset_strength_peaks_where_a_sound_begins():
-    from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, onset_strength
+def test_spectral_flux_rises_where_a_sound_begins_and_falls_where_it_ends():
+    from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, spectral_flux
 
     rng = np.random.default_rng(0)
+    tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
     samples = np.concatenate([
         rng.normal(0, 1e-4, 8000),  # 0.5 s of near-silence
-        0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000),  # a tone from 0.5 s
-        # the tone goes on and noise joins it at 1 s
-        0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000) + 0.3 * rng.normal(0, 1, 8000),
+        tone,  # a tone from 0.5 s
+        tone + 0.3 * rng.normal(0, 1, 8000),  # the tone goes on and noise joins it at 1 s
+        tone,  # the noise stops at 1.5 s
     ]).astype(np.float32)
-    onsets = onset_strength(samples)
-    assert len(onsets) == len(samples) // 160 + 1
+    flux = spectral_flux(samples)
+    assert len(flux.rises) == len(flux.falls) == len(samples) // 160 + 1
     half = int(0.75 / ONSET_FRAME_SECONDS)
-    assert np.argmax(onsets[:half]) * ONSET_FRAME_SECONDS == pytest.approx(0.5, abs=0.02)
-    assert (half + np.argmax(onsets[half:])) * ONSET_FRAME_SECONDS == pytest.approx(1.0, abs=0.02)
-    assert onset_strength(np.zeros(10, dtype=np.float32)).shape == (1,)
+    assert np.argmax(flux.rises[:half]) * ONSET_FRAME_SECONDS == pytest.approx(0.5, abs=0.02)
+    assert (half + np.argmax(flux.rises[half:])) * ONSET_FRAME_SECONDS == pytest.approx(1.0, abs=0.02)
+    # a fall shows fully once the 25 ms window has left the noise: up to half a window late
+    assert np.argmax(flux.falls) * ONSET_FRAME_SECONDS == pytest.approx(1.5, abs=0.025)
+    assert spectral_flux(np.zeros(10, dtype=np.float32)).rises.shape == (1,)

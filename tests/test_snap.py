@@ -1,10 +1,13 @@
 """Moving word boundaries out of silence: the speech mask and the snapping rule."""
 
 import numpy as np
+import pytest
 
 from speech import synthesize_words
-from vllm_whisper_align.audio import speech_frames
-from vllm_whisper_align.word_timing import WordTiming, extend_ends, refine_starts, snap_to_speech
+from vllm_whisper_align.audio import SpectralFlux, speech_frames
+from vllm_whisper_align.word_timing import (
+    WordTiming, extend_ends, refine_starts, snap_to_speech, starts_quietly,
+)
 
 
 def test_speech_mask_marks_words_and_gaps():
@@ -71,13 +74,17 @@ def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:
     return onsets
 
 
+def _rises(onsets: np.ndarray) -> SpectralFlux:
+    return SpectralFlux(rises=onsets, falls=np.zeros_like(onsets))
+
+
 def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
     speech = np.ones(150, dtype=bool)
     word = WordTiming(" w", [1], 1.0, 1.5, 1.0)
-    refine_starts([word], _onsets_with_peak_at(1.04), speech, 0.0, 0.01)
+    refine_starts([word], _rises(_onsets_with_peak_at(1.04)), speech, 0.0, 0.01)
     assert word.start == 1.04
     far = WordTiming(" w", [1], 1.0, 1.5, 1.0)
-    refine_starts([far], _onsets_with_peak_at(1.2), speech, 0.0, 0.01)  # beyond ONSET_SEARCH_S
+    refine_starts([far], _rises(_onsets_with_peak_at(1.2)), speech, 0.0, 0.01)  # beyond ONSET_SEARCH_S
     assert far.start == 1.0  # nothing stronger in reach: it stays
 
 
@@ -86,29 +93,52 @@ def test_refine_weighs_onsets_by_their_distance():
     onsets = _onsets_with_peak_at(1.1)  # a strong onset 100 ms on (5.0)
     onsets[103] = 1.0  # and a weak one next to the start
     strong = WordTiming(" w", [1], 1.0, 1.5, 1.0)
-    refine_starts([strong], onsets, speech, 0.0, 0.01)
+    refine_starts([strong], _rises(onsets), speech, 0.0, 0.01)
     assert strong.start == 1.1
-    onsets[102], onsets[110], onsets[111] = 3.0, 0.1, 4.0  # strong close, a little stronger far
+    onsets[102], onsets[110], onsets[111] = 3.0, 0.1, 3.5  # strong close, a little stronger far
     near = WordTiming(" w", [1], 1.0, 1.5, 1.0)
-    refine_starts([near], onsets, speech, 0.0, 0.01)
+    refine_starts([near], _rises(onsets), speech, 0.0, 0.01)
     assert near.start == 1.02
+
+
+@pytest.mark.parametrize("word, quiet", [
+    (" to", True), (" Many", True), (" with", True), (' "Come', True), (" chair", True),
+    (" a", False), (" so", False), (" listened", False), (" the", True), (" über", False), (" 東京", False),
+])
+def test_a_start_is_quiet_by_its_first_letter(word, quiet):
+    assert starts_quietly(word) is quiet
+
+
+def test_a_quiet_start_takes_the_fall_and_a_loud_one_the_rise():
+    """A stop's closure starts where the sound before it falls; a vowel or /s/ where new sound rises."""
+    speech = np.ones(150, dtype=bool)
+    rises, falls = np.full(300, 0.1, dtype=np.float32), np.zeros(300, dtype=np.float32)
+    rises[106] = 2.0  # a rise 60 ms after the start (a burst)
+    falls[96] = 2.0  # a fall as strong, 40 ms before it (the sound before the closure ends)
+    flux = SpectralFlux(rises, falls)
+    stop = WordTiming(" to", [1], 1.0, 1.5, 1.0)
+    refine_starts([stop], flux, speech, 0.0, 0.01)
+    assert stop.start == 0.96
+    vowel = WordTiming(" a", [1], 1.0, 1.5, 1.0)
+    refine_starts([vowel], flux, speech, 0.0, 0.01)
+    assert vowel.start == 1.06
 
 
 def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
     speech = np.array([0] * 50 + [1] * 100, dtype=bool)
     after_silence = WordTiming(" a", [1], 1.0, 1.5, 1.0)
-    refine_starts([after_silence], _onsets_with_peak_at(1.05), speech, 0.0, 0.01)
+    refine_starts([after_silence], _rises(_onsets_with_peak_at(1.05)), speech, 0.0, 0.01)
     assert after_silence.start == 1.0
     speech = np.ones(150, dtype=bool)
     first, second = WordTiming(" a", [1], 0.5, 1.0, 1.0), WordTiming(" b", [2], 1.02, 1.5, 1.0)
-    refine_starts([first, second], _onsets_with_peak_at(0.97), speech, 0.0, 0.01)
+    refine_starts([first, second], _rises(_onsets_with_peak_at(0.97)), speech, 0.0, 0.01)
     assert second.start >= 1.0
 
 
 def test_refine_respects_the_offset():
     speech = np.ones(150, dtype=bool)
     word = WordTiming(" w", [1], 31.0, 31.5, 1.0)
-    refine_starts([word], _onsets_with_peak_at(0.97), speech, 30.0, 0.01)
+    refine_starts([word], _rises(_onsets_with_peak_at(0.97)), speech, 30.0, 0.01)
     assert word.start == 30.97
 
 

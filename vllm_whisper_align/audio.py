@@ -541,20 +541,36 @@ ONSET_FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE
 ONSET_BANDS = 40
 
 
-def onset_strength(samples: np.ndarray) -> np.ndarray:
-    """Spectral flux per 10 ms frame: how much the log-power spectrum rises from the frame before.
+@dataclass(frozen=True)
+class SpectralFlux:
+    """Per 10 ms frame, how much the log-power spectrum rose and how much it fell from the frame before.
+
+    A word that starts with a loud sound (a vowel, /s/) starts where new energy rises; one that starts
+    quieter than the sound before it (a stop's closure, a nasal) starts where the sound falls
+    (``word_timing.refine_starts`` reads both).
+    """
+
+    rises: np.ndarray
+    falls: np.ndarray
+
+
+def spectral_flux(samples: np.ndarray) -> SpectralFlux:
+    """Rises and falls of the log-power spectrum per 10 ms frame.
 
     Frame k is centred on sample k * HOP_LENGTH (the STFT is padded by half a window, as Whisper's
     log-mel is). Power is summed into ``ONSET_BANDS`` equal bands before the log, so one noisy bin
-    cannot make an onset; only rises count (a word starts where new energy appears).
+    cannot make an onset; each band's rise (or fall) from the frame before is summed over the bands.
     """
     samples = np.asarray(samples, dtype=np.float32)
     padded = np.pad(samples, (N_FFT // 2, N_FFT // 2))
     if len(padded) < N_FFT:
-        return np.zeros(0, dtype=np.float32)
+        return SpectralFlux(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.float32))
     frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH] * np.hanning(N_FFT)
     power = np.abs(np.fft.rfft(frames, axis=-1)[:, 1:]) ** 2
     bands = np.stack([band.sum(axis=-1) for band in np.array_split(power, ONSET_BANDS, axis=-1)], axis=-1)
     log_power = np.log10(bands + 1e-10)
-    rise = np.diff(log_power, axis=0, prepend=log_power[:1])
-    return np.maximum(rise, 0).sum(axis=-1).astype(np.float32)
+    change = np.diff(log_power, axis=0, prepend=log_power[:1])
+    return SpectralFlux(
+        np.maximum(change, 0).sum(axis=-1).astype(np.float32),
+        np.maximum(-change, 0).sum(axis=-1).astype(np.float32),
+    )

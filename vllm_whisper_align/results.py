@@ -18,7 +18,7 @@ import numba
 import numpy as np
 
 from vllm_whisper_align import timing, word_timing
-from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, onset_strength, speech_frames
+from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, spectral_flux, speech_frames
 from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest, compression_ratio, is_silent
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
@@ -128,7 +128,7 @@ def window_words(
     word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
     if method == "auto":
         word_timing.refine_starts(
-            timed, onset_strength(samples), speech, window.offset, ONSET_FRAME_SECONDS
+            timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS
         )
         word_timing.extend_ends(timed, speech, window.offset)
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
