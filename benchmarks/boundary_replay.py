@@ -8,13 +8,16 @@
 tokens and their log-probabilities, the samples): forced alignment of the spoken text, and
 transcription. ``replay`` runs ``results.window_results`` again on the recording with the code as it is
 now (head selection, DTW, snapping, onset refinement) and prints the share of word starts within
-50 / 100 / 200 ms and the start MAE per set (``boundaries.shares``); a change to that code is measured
-in seconds instead of an engine run. Transcribed figures are over the words heard.
+50 / 100 / 200 ms and the start MAE per set (``boundaries.shares``), and for speech with pauses (whose
+ends are known) the same for ends; a change to that code is measured in seconds instead of an engine
+run. Transcribed figures are over the words heard.
 
 The sets: *dev*, 48 continuous clips (pairs of benchmarks/audio.py's ALL_SENTENCES, the dev voices and
 rates named there, a third with noise), for choosing constants; *held*, the benchmark's 24 held-out
 continuous clips (``make_continuous``), for checking them; *pauses*, the benchmark's 48 short clips of
-words with pauses.
+words with pauses (in voices of the dev set: constants for speech with pauses were chosen on it);
+*pauses-held*, 24 clips of the held-out sentences spoken word by word in the held-out voices and rates,
+for checking those.
 """
 
 from __future__ import annotations
@@ -32,16 +35,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from audio import ALL_SENTENCES, NUM_CONTINUOUS, make_continuous, make_short  # noqa: E402
+from audio import (  # noqa: E402
+    ALL_SENTENCES, CONTINUOUS_RATES, CONTINUOUS_SENTENCES, CONTINUOUS_VOICES, GAP_CYCLE, NUM_CONTINUOUS,
+    make_continuous, make_short,
+)
 from boundaries import shares  # noqa: E402
-from speech import SpokenClip, synthesize_sentence  # noqa: E402
+from speech import SpokenClip, end_errors, synthesize_sentence, synthesize_words  # noqa: E402
 
 DEFAULT_OUT = HERE / "out" / "boundary-replay.pkl"
 # The voices and rates the boundary constants were chosen on (benchmarks/audio.py: never the held-out ones).
 DEV_VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp", "en-us+m3", "en-029"]
 DEV_RATES = [140, 150, 160, 170, 180, 190]
-NUM_DEV, NUM_PAUSES = 48, 48
-SETS = ("dev", "held", "pauses")
+NUM_DEV, NUM_PAUSES, NUM_PAUSES_HELD = 48, 48, 24
+SETS = ("dev", "held", "pauses", "pauses-held")
 MODES = ("forced", "transcribed")
 
 
@@ -55,11 +61,22 @@ def dev_clip(index: int) -> SpokenClip:
     )
 
 
+def held_pauses_clip(index: int) -> SpokenClip:
+    words = CONTINUOUS_SENTENCES[index % len(CONTINUOUS_SENTENCES)].split()
+    gaps = [GAP_CYCLE[(index + 2 * k) % len(GAP_CYCLE)] for k in range(len(words) - 1)]
+    return synthesize_words(
+        words, gap_s=gaps, voice=CONTINUOUS_VOICES[index % 4],
+        rate=CONTINUOUS_RATES[(index // 4 + index) % 4], lead_s=0.3 + 0.1 * (index % 3), tail_s=0.4,
+        noise_db={1: -45.0, 2: -35.0}.get(index % 3), seed=900 + index,
+    )
+
+
 def clip_sets() -> dict[str, list[SpokenClip]]:
     return {
         "dev": [dev_clip(i) for i in range(NUM_DEV)],
         "held": [make_continuous(i)[0] for i in range(NUM_CONTINUOUS)],
         "pauses": [make_short(i)[0] for i in range(NUM_PAUSES)],
+        "pauses-held": [held_pauses_clip(i) for i in range(NUM_PAUSES_HELD)],
     }
 
 
@@ -124,8 +141,18 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
         plan = SimpleNamespace(windows=windows, word_timestamps=call["word_timestamps"],
                                language=call["language"], fallback=call["fallback"])
         answers = results.window_results(plan, call["outputs"], call["fetched"], tokens)
-        words.append([{"word": w.word, "start": w.start} for r in answers if r is not None for w in r.words])
+        words.append([{"word": w.word, "start": w.start, "end": w.end}
+                      for r in answers if r is not None for w in r.words])
     return words
+
+
+def end_shares(clips: list[SpokenClip], words: list[list[dict]]) -> dict[str, float]:
+    """Shares of word ends within 50 / 100 / 200 ms and the end MAE, over the spoken words heard (all of
+    them when forced) whose true end is known."""
+    errors = np.concatenate([end_errors(clip, answer) for clip, answer in zip(clips, words, strict=True)])
+    errors = errors[np.isfinite(errors)]
+    out = {f"within_{ms}ms_pct": round(100 * float(np.mean(errors <= ms / 1000)), 1) for ms in (50, 100, 200)}
+    return {**out, "end_mae_ms": round(1000 * float(np.mean(errors)), 1)}
 
 
 def replay(path: Path) -> None:
@@ -135,8 +162,14 @@ def replay(path: Path) -> None:
         for mode in MODES:
             words = replay_words(recorded, tokens, name, mode)
             figures = shares(clips, [{"words": w} for w in words], heard_only=mode == "transcribed")
-            print(f"{name:6} {mode:11} {figures['within_50ms_pct']} / {figures['within_100ms_pct']} / "
-                  f"{figures['within_200ms_pct']}, MAE {figures['start_mae_ms']} ms")
+            line = (f"{name:11} {mode:11} starts {figures['within_50ms_pct']} / "
+                    f"{figures['within_100ms_pct']} / {figures['within_200ms_pct']}, "
+                    f"MAE {figures['start_mae_ms']} ms")
+            if name.startswith("pauses"):
+                ends = end_shares(clips, words)
+                line += (f"; ends {ends['within_50ms_pct']} / {ends['within_100ms_pct']} / "
+                         f"{ends['within_200ms_pct']}, MAE {ends['end_mae_ms']} ms")
+            print(line)
 
 
 def main() -> None:

@@ -279,6 +279,17 @@ def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
     return errors
 
 
+def end_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
+    """|heard end - true end| per spoken word, paired as :func:`start_errors` pairs them (inf: not
+    heard; NaN: true end unknown)."""
+    spoken = [_plain(w) for w in clip.words]
+    heard = [_plain(w["word"]) for w in words]
+    errors = np.full(len(spoken), np.inf)
+    for i, j in align_words(spoken, heard):
+        errors[i] = abs(words[j]["end"] - clip.ends[i])
+    return errors
+
+
 def _plain(word: str) -> str:
     return word.strip(" .,!?;:\"'").lower()
 

@@ -562,6 +562,20 @@ def test_long_silence_is_cut_into_full_windows():
     assert [len(c.samples) for c in chunks] == [30 * SAMPLE_RATE, 30 * SAMPLE_RATE]
 
 
+def test_sound_frames_keep_the_quiet_tail_that_the_speech_mask_leaves_out():
+    from vllm_whisper_align.audio import sound_frames, speech_frames
+
+    t = np.arange(8000) / 16000
+    tone = np.sin(2 * np.pi * 300 * t)
+    samples = np.concatenate([
+        np.zeros(8000), 0.5 * tone, 0.5 * 10 ** (-60 / 20) * tone[:1600], np.zeros(8000),  # tail 60 dB down
+    ]).astype(np.float32)
+    speech, sound = speech_frames(samples), sound_frames(samples)
+    assert speech[25:50].all() and not speech[50:].any()  # the mask ends with the loud tone at 1.0 s
+    assert sound[25:55].all() and not sound[55:].any()  # sound runs on through the 100 ms tail
+    assert not sound[:25].any()
+
+
 def test_spectral_flux_rises_where_a_sound_begins_and_falls_where_it_ends():
     from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, spectral_flux
 

@@ -151,6 +151,20 @@ def test_extend_ends_runs_an_end_inside_sound_on_to_the_pause():
     assert early.end == 0.6 and following.end == 1.3  # the last word runs to its sound's end
 
 
+def test_extend_ends_runs_on_through_a_quiet_tail_that_stops_before_the_next_word():
+    # word 0.0-0.6 loud, its quiet tail 0.6-0.68, silence, next word from 0.9
+    speech = np.array([1] * 30 + [0] * 15 + [1] * 20, dtype=bool)
+    sound = np.array([1] * 34 + [0] * 11 + [1] * 20, dtype=bool)
+    word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.9, 1.3, 1.0)
+    extend_ends([word, following], speech, 0.0, sound=sound)
+    assert word.end == 0.68
+    for tail in (15, 12):  # sound up to the next word, or on for longer than TAIL_MAX_S: no tail to end
+        sound = np.array([1] * (30 + tail) + [0] * (15 - tail) + [1] * 20, dtype=bool)
+        word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.9, 1.3, 1.0)
+        extend_ends([word, following], speech, 0.0, sound=sound)
+        assert word.end == 0.6, tail
+
+
 def test_extend_ends_keeps_ends_in_continuous_speech_and_after_sound():
     speech = np.ones(60, dtype=bool)
     word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.4, 0.8, 1.0)

@@ -506,24 +506,46 @@ SPEECH_BELOW_PEAK_DB = 50.0
 MIN_SILENCE_SECONDS = 0.1
 
 
+# A word's quiet tail (a fading vowel, a final fricative or nasal) is still sound above the noise floor
+# where the speech mask (SPEECH_BELOW_PEAK_DB) has already called it silence.
+TAIL_ABOVE_NOISE_DB = 6.0
+
+
+def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Mean power in dB per 20 ms frame (the last frame zero-padded)."""
+    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
+    num_frames = -(-len(samples) // frame_length)
+    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
+    padded[: len(samples)] = samples
+    power = np.mean(padded.reshape(num_frames, frame_length) ** 2, axis=1)
+    return 10 * np.log10(power + 1e-12)
+
+
+def noise_floor_db(levels_db: np.ndarray) -> float:
+    return float(np.percentile(levels_db, 10))
+
+
 def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Boolean per 20 ms frame: True where there is sound above the noise floor.
 
     Cross-attention DTW gives a silence before a word to that word (it has to go somewhere);
     this mask lets word boundaries be moved out of such silences.
     """
-    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
-    num_frames = -(-len(samples) // frame_length)
-    if num_frames == 0:
+    level_db = frame_levels_db(samples, sample_rate)
+    if len(level_db) == 0:
         return np.zeros(0, dtype=bool)
-    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
-    padded[: len(samples)] = samples
-    power = np.mean(padded.reshape(num_frames, frame_length) ** 2, axis=1)
-    level_db = 10 * np.log10(power + 1e-12)
-    noise_db = np.percentile(level_db, 10)
-    threshold = max(noise_db + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
+    threshold = max(noise_floor_db(level_db) + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
     speech = level_db > threshold
     return _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
+
+
+def sound_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame: True where the level is ``TAIL_ABOVE_NOISE_DB`` over the noise floor,
+    however far below the loudest frame (the quiet tails :func:`speech_frames` leaves out)."""
+    level_db = frame_levels_db(samples, sample_rate)
+    if len(level_db) == 0:
+        return np.zeros(0, dtype=bool)
+    return level_db > noise_floor_db(level_db) + TAIL_ABOVE_NOISE_DB
 
 
 def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:

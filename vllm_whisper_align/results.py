@@ -18,7 +18,7 @@ import numba
 import numpy as np
 
 from vllm_whisper_align import timing, word_timing
-from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, spectral_flux, speech_frames
+from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, sound_frames, spectral_flux, speech_frames
 from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest, compression_ratio, is_silent
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
@@ -130,7 +130,7 @@ def window_words(
         word_timing.refine_starts(
             timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS
         )
-        word_timing.extend_ends(timed, speech, window.offset)
+        word_timing.extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
     token_timings = [
         TokenTiming(

@@ -36,6 +36,8 @@ ONSET_AFTER_SOUND_FRAMES = 2
 # stops, nasals and w beat stops alone, every consonant, and stops with liquids; weights 1.5-3 tie.
 QUIET_START_LETTERS = frozenset("bcdgkmnpqtw")
 FALL_WEIGHT = 2.0
+# extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
+TAIL_MAX_S = 0.15
 
 # languages written without spaces: words are cut wherever the text decodes to whole characters
 UNSPACED_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
@@ -452,14 +454,18 @@ def refine_starts(
 
 
 def extend_ends(
-    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS
+    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS,
+    sound: np.ndarray | None = None,
 ) -> None:
-    """Move each end that falls inside sound forward to where that sound stops, in place.
+    """Move each end that falls inside sound forward to where that sound stops, then on through the
+    word's quiet tail, in place.
 
     The selected heads leave a word early, while its sound still goes on (on speech with pauses
     their ends were ~110 ms early, median). Where the sound under a word's end stops before the
     next word starts (a pause), the word ends there; in continuous speech there is no such pause
-    and the end stays. ``speech`` as in :func:`snap_to_speech`.
+    and the end stays. ``speech`` as in :func:`snap_to_speech`. ``sound`` (``audio.sound_frames``,
+    same frames) marks the quieter sound that the speech mask leaves out: an end at the edge of the
+    speech mask runs on through it, up to ``TAIL_MAX_S`` and never to the next word's start.
     """
     for index, word in enumerate(words):
         end = int(round((word.end - offset) / frame_seconds))
@@ -469,6 +475,12 @@ def extend_ends(
         if not 0 < end < limit or not speech[end - 1]:
             continue
         quiet = np.flatnonzero(~speech[end:limit])
-        if len(quiet):
-            word.end = round_time(offset + (end + quiet[0]) * frame_seconds)
-
+        if not len(quiet):
+            continue
+        end += int(quiet[0])
+        if sound is not None:
+            tail_limit = min(limit, len(sound), end + int(round(TAIL_MAX_S / frame_seconds)))
+            silent = np.flatnonzero(~sound[end:tail_limit])
+            if len(silent):  # the tail ends before the next word (or the limit): end there
+                end += int(silent[0])
+        word.end = round_time(offset + end * frame_seconds)
