@@ -524,6 +524,7 @@ def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.n
 
 
 def noise_floor_db(levels_db: np.ndarray) -> float:
+    """The level that a tenth of the frames stay under: the clip's noise, or its digital silence."""
     return float(np.percentile(levels_db, 10))
 
 
