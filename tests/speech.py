@@ -271,22 +271,21 @@ def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
     Spoken and heard words (lowercased, punctuation stripped) are paired by a minimum edit-distance
     alignment, so repeated phrases and repeated words pair with the right occurrence.
     """
-    spoken = [_plain(w) for w in clip.words]
-    heard = [_plain(w["word"]) for w in words]
-    errors = np.full(len(spoken), np.inf)
-    for i, j in align_words(spoken, heard):
-        errors[i] = abs(words[j]["start"] - clip.starts[i])
-    return errors
+    return _paired_errors(clip, words, clip.starts, "start")
 
 
 def end_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
     """|heard end - true end| per spoken word, paired as :func:`start_errors` pairs them (inf: not
     heard; NaN: true end unknown)."""
+    return _paired_errors(clip, words, clip.ends, "end")
+
+
+def _paired_errors(clip: SpokenClip, words: Sequence[dict], truth: Sequence[float], key: str) -> np.ndarray:
     spoken = [_plain(w) for w in clip.words]
     heard = [_plain(w["word"]) for w in words]
     errors = np.full(len(spoken), np.inf)
     for i, j in align_words(spoken, heard):
-        errors[i] = abs(words[j]["end"] - clip.ends[i])
+        errors[i] = abs(words[j][key] - truth[i])
     return errors
 
 

@@ -829,10 +829,9 @@ def rezone(
             plans[w], bodies[w] = plan, None
     except decoding.AlignmentInputError:  # a widened share too long for the decoder: the full pass decides
         return reading
-    order = [w for w in second_pass_order(plans) if w in changed]
-    answers = (yield "z", [plans[w] for w in order]) if order else []
-    for w, body in zip(order, answers, strict=True):
-        bodies[w] = body
+    answers = yield from _second_pass("z", [plan if w in changed else None for w, plan in enumerate(plans)])
+    for w in changed:
+        bodies[w] = answers[w]
     return Reading.read(split, plans, bodies)
 
 
