@@ -12,6 +12,7 @@ serve: venv
 
 test: venv
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest -q
 
 demo: venv

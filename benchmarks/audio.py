@@ -29,7 +29,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from speech import (  # noqa: E402
-    SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_sentence, synthesize_words, write_wav,
+    SENTENCES,
+    SpokenClip,
+    concatenate_clips,
+    long_clip,
+    synthesize_sentence,
+    synthesize_words,
+    write_wav,
 )
 
 SAMPLE_RATE = 16000

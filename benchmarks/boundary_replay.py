@@ -36,8 +36,14 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from audio import (  # noqa: E402
-    ALL_SENTENCES, CONTINUOUS_RATES, CONTINUOUS_SENTENCES, CONTINUOUS_VOICES, GAP_CYCLE, NUM_CONTINUOUS,
-    make_continuous, make_short,
+    ALL_SENTENCES,
+    CONTINUOUS_RATES,
+    CONTINUOUS_SENTENCES,
+    CONTINUOUS_VOICES,
+    GAP_CYCLE,
+    NUM_CONTINUOUS,
+    make_continuous,
+    make_short,
 )
 from boundaries import shares  # noqa: E402
 from speech import SpokenClip, end_errors, synthesize_sentence, synthesize_words  # noqa: E402

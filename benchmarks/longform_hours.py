@@ -34,8 +34,9 @@ sys.path.insert(0, str(HERE / "runners"))
 
 from audio import build_alignment  # noqa: E402
 from common import load_wav, log  # noqa: E402
-from vllm_whisper_align.audio import SAMPLE_RATE  # noqa: E402
 from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
+
+from vllm_whisper_align.audio import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out"
 RECORDING_ID = "align_continuous"

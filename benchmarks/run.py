@@ -47,8 +47,8 @@ sys.path.insert(0, str(HERE))
 import envs  # noqa: E402
 import longform_hours  # noqa: E402
 import longform_report  # noqa: E402
-from runners import vllm_layouts_run  # noqa: E402
 import metrics  # noqa: E402
+from runners import vllm_layouts_run  # noqa: E402
 
 SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]  # transcribing the clips
 ALL_SYSTEMS = SYSTEMS + list(longform_report.SYSTEMS)

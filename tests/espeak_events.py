@@ -43,7 +43,7 @@ _Callback = ctypes.CFUNCTYPE(
 _LOCK = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _library() -> tuple[ctypes.CDLL, int]:
     library = ctypes.CDLL("libespeak-ng.so.1")
     sample_rate = library.espeak_Initialize(AUDIO_OUTPUT_SYNCHRONOUS, 0, None, 0)

@@ -13,9 +13,9 @@ import hashlib
 import os
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 import numpy as np
 
@@ -44,12 +44,12 @@ class SpokenClip:
 
 def synthesize_words(
     words: Sequence[str],
-    gap_s: Union[float, Sequence[float]] = 0.3,
+    gap_s: float | Sequence[float] = 0.3,
     voice: str = "en-us",
     rate: int = 160,
     lead_s: float = 0.5,
     tail_s: float = 0.5,
-    noise_db: Optional[float] = None,
+    noise_db: float | None = None,
     seed: int = 0,
 ) -> SpokenClip:
     """Speak `words` one at a time with silences of `gap_s` between them.
@@ -98,7 +98,7 @@ def synthesize_sentence(
     rate: int = 160,
     lead_s: float = 0.5,
     tail_s: float = 0.5,
-    noise_db: Optional[float] = None,
+    noise_db: float | None = None,
     seed: int = 0,
 ) -> SpokenClip:
     """``text`` spoken continuously (no pauses between words), with each word's true start.
@@ -124,7 +124,8 @@ def speak_sentence(text: str, voice: str = "en-us", rate: int = 160) -> tuple[np
     if cache_file.exists():
         with np.load(cache_file) as cached:
             return cached["samples"], cached["starts"].tolist()
-    from espeak_events import speak_sentence as speak, word_starts
+    from espeak_events import speak_sentence as speak
+    from espeak_events import word_starts
 
     wav, source_rate, events = speak(text, voice, rate)
     loud = np.flatnonzero(np.abs(wav) > TRIM_THRESHOLD * np.abs(wav).max(initial=0))
@@ -176,7 +177,7 @@ def sentence_clips() -> list[SpokenClip]:
     return list(_sentence_clips())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sentence_clips() -> tuple[SpokenClip, ...]:
     clips = []
     for index, sentence in enumerate(SENTENCES):
@@ -207,7 +208,7 @@ def concatenate_clips(clips: Sequence[SpokenClip]) -> SpokenClip:
     return SpokenClip(samples, words, starts, ends, " ".join(clip.text for clip in clips))
 
 
-def _gap_list(gap_s: Union[float, Sequence[float]], num_words: int) -> list[float]:
+def _gap_list(gap_s: float | Sequence[float], num_words: int) -> list[float]:
     if isinstance(gap_s, (int, float)):
         return [float(gap_s)] * (num_words - 1)
     gaps = [float(gap) for gap in gap_s]

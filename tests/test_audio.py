@@ -12,16 +12,16 @@ import pytest
 import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from silence import state_total_samples, write_silent_flac
 from speech import long_clip, sentence_clips, write_wav
+
 from vllm_whisper_align.audio import (
     CHUNK_SECONDS,
-    N_SAMPLES,
-    SPILL_AFTER_WINDOWS,
     HOP_LENGTH,
     MIN_CHUNK_SECONDS,
+    N_SAMPLES,
     SAMPLE_RATE,
+    SPILL_AFTER_WINDOWS,
     AudioChunk,
     AudioError,
     AudioTooLongError,

@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from speech import sentence_clips, start_errors, write_wav
+
 from vllm_whisper_align import batch
 from vllm_whisper_align.batch import Item, JobOptions, ManifestError
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from speech import SENTENCES, sentence_clips, start_errors, synthesize_sentence
+
 from vllm_whisper_align.audio import speech_frames
 
 VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp"]

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from speech import concatenate_clips, long_clip, sentence_clips, start_errors, write_wav
 from test_formats import parse_srt
 from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
-from vllm_whisper_align.subtitles import SRT, read_subtitles, write_subtitles
+
 from vllm_whisper_align.quantization import encoder_int8_supported
+from vllm_whisper_align.subtitles import SRT, read_subtitles, write_subtitles
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
 ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]

@@ -11,7 +11,6 @@ from whisper.timing import find_alignment
 from vllm_whisper_align.decoding import AlignmentInputError, FallbackOptions, plan_transcription
 from vllm_whisper_align.engine_defaults import CPU_ENCODER_WINDOWS_PER_STEP
 
-
 # The capture's tests decode greedily (no temperature fallback): their subject is where the words
 # are, and the same text alone and in any batch. The fallback has tests of its own below.
 GREEDY = {"compression_ratio_threshold": None, "logprob_threshold": None}

@@ -11,7 +11,12 @@ import pytest
 
 from vllm_whisper_align import cli, engine_defaults
 from vllm_whisper_align.engine_defaults import (
-    cpu_flags, encoder_token_budget, engine_environment, fast_dtype, kv_cache_bytes, served_model_name,
+    cpu_flags,
+    encoder_token_budget,
+    engine_environment,
+    fast_dtype,
+    kv_cache_bytes,
+    served_model_name,
     thread_binding,
 )
 from vllm_whisper_align.offline import default_engine_args

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vllm_whisper_align.formats import (
-    SubtitleOptions,
     EXTENSIONS,
+    SubtitleOptions,
     format_timestamp,
     to_json,
     to_srt,

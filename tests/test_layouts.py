@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +29,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-
 from conftest import SERVER_LOG, _free_port, running_server, server_environment, stop_process
 from speech import long_clip
 from test_server import (
-    MAX_GUESSES, disconnect_mid_request, distinct_clips, engine_counts, is_guess, wav_bytes,
+    MAX_GUESSES,
+    disconnect_mid_request,
+    distinct_clips,
+    engine_counts,
+    is_guess,
+    wav_bytes,
 )
 
 # Each sent twice in the burst: transcribed, and aligned to its text. Eight different sentences:

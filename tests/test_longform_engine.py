@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from speech import SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_words
+
 from vllm_whisper_align.audio import SAMPLE_RATE, chunk_audio
 
 # Start MAE of the long form may exceed that of the same speech aligned window by window by this much.

@@ -6,8 +6,8 @@ import inspect
 
 import numpy as np
 import pytest
-from whisper.transcribe import transcribe as reference_transcribe
 from transformers import AutoTokenizer
+from whisper.transcribe import transcribe as reference_transcribe
 
 from vllm_whisper_align import decoding
 from vllm_whisper_align.decoding import FallbackOptions, WindowOutput, fall_back, is_silent, needs_fallback

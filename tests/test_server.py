@@ -15,12 +15,18 @@ import httpx
 import numpy as np
 import openai
 import pytest
-
 from silence import state_total_samples, write_silent_flac
 from speech import (
-    SpokenClip, concatenate_clips, long_clip, sentence_clips, start_errors, synthesize_words, write_wav,
+    SpokenClip,
+    concatenate_clips,
+    long_clip,
+    sentence_clips,
+    start_errors,
+    synthesize_words,
+    write_wav,
 )
 from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
+
 from vllm_whisper_align.subtitles import VTT, read_subtitles, write_subtitles
 
 MAX_AUDIO_S = 120

@@ -2,11 +2,15 @@
 
 import numpy as np
 import pytest
-
 from speech import synthesize_words
+
 from vllm_whisper_align.audio import SpectralFlux, speech_frames
 from vllm_whisper_align.word_timing import (
-    WordTiming, extend_ends, refine_starts, snap_to_speech, starts_quietly,
+    WordTiming,
+    extend_ends,
+    refine_starts,
+    snap_to_speech,
+    starts_quietly,
 )
 
 

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
 import soundfile
-
 from speech import SAMPLE_RATE, long_clip, sentence_clips, speak_word, synthesize_words, write_wav
 
 SILENCE_RMS = 1e-4

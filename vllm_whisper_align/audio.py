@@ -9,9 +9,10 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Union
+from typing import BinaryIO
 
 import numpy as np
 
@@ -60,7 +61,7 @@ SPILL_AFTER_WINDOWS = 4
 # Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
 
-AudioSource = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
+AudioSource = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO
 
 
 class AudioError(ValueError):
@@ -214,7 +215,7 @@ class _Decoded:
         return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
 
 
-def _open_source(source: AudioSource) -> tuple[str, Union[str, io.BytesIO]]:
+def _open_source(source: AudioSource) -> tuple[str, str | io.BytesIO]:
     """Validate `source` and return (name for messages, a path or in-memory stream)."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)

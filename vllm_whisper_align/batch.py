@@ -22,9 +22,10 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, TextIO
 
 from vllm_whisper_align.audio import SAMPLE_RATE
 

@@ -13,13 +13,24 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vllm_whisper_align.batch import (
-    STATUS_ERROR, STATUS_OK, Item, JobOptions, Progress, Summary, done_ids, new_run_id, process_batch,
-    read_summary, recover_rows, remove_stale_temporaries,
+    STATUS_ERROR,
+    STATUS_OK,
+    Item,
+    JobOptions,
+    Progress,
+    Summary,
+    done_ids,
+    new_run_id,
+    process_batch,
+    read_summary,
+    recover_rows,
+    remove_stale_temporaries,
 )
 
 INSTALL_HINT = "the batch command needs Ray Data: pip install 'vllm-whisper-align[batch]'"

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -31,7 +32,11 @@ import torch
 from vllm_whisper_align import memory
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import (
-    MAX_PARKED, RESULT_TTL_S, AlignmentParams, AlignmentRequest, NoSpeechParams,
+    MAX_PARKED,
+    RESULT_TTL_S,
+    AlignmentParams,
+    AlignmentRequest,
+    NoSpeechParams,
 )
 
 logger = get_logger(__name__)

@@ -27,7 +27,13 @@ from typing import BinaryIO
 import numpy as np
 
 from vllm_whisper_align.audio import (
-    CHUNK_SECONDS, HOP_LENGTH, N_FFT, N_FRAMES, N_SAMPLES, SAMPLE_RATE, TOKENS_PER_SECOND,
+    CHUNK_SECONDS,
+    HOP_LENGTH,
+    N_FFT,
+    N_FRAMES,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    TOKENS_PER_SECOND,
 )
 from vllm_whisper_align.heads import upper_half_heads
 from vllm_whisper_align.tokenizer import NO_SPEECH_NAMES, is_english_only_vocab

@@ -17,12 +17,13 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from vllm_whisper_align.formats import RESPONSE_FORMATS
 from vllm_whisper_align.memory import hide_triton_without_cpu_backend
-from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, ALIGNMENT_METHODS
+from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD
 
 # Before vLLM is imported, in this process and in the engine processes vLLM spawns from it, which
 # run the main module (the console script, or this one under -m) again first: see memory.

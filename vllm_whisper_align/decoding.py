@@ -14,18 +14,29 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align.audio import (
-    CHUNK_SECONDS, N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE, AudioChunk, SpilledSamples, chunk_audio,
+    CHUNK_SECONDS,
+    N_SAMPLES,
+    N_SAMPLES_PER_TOKEN,
+    SAMPLE_RATE,
+    AudioChunk,
+    SpilledSamples,
+    chunk_audio,
     num_mel_frames,
 )
 from vllm_whisper_align.params import (
-    DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS, AlignmentParams, AlignmentRequest, NoSpeechParams,
+    DEFAULT_ALIGNMENT_METHOD,
+    MAX_DECODER_TOKENS,
+    AlignmentParams,
+    AlignmentRequest,
+    NoSpeechParams,
     new_alignment_key,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens

@@ -37,8 +37,9 @@ Engine-agnostic: this module builds decoding Plans and reads the verbose_json bo
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generator, Sequence
+from typing import Any
 
 import numpy as np
 

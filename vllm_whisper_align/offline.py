@@ -9,10 +9,10 @@ with ``llm.collective_rpc("whisper_align_fetch", args=([{"key": ..., "num_text_t
 from __future__ import annotations
 
 import contextlib
-
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,12 @@ from vllm_whisper_align.engine_defaults import engine_environment, engine_settin
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.plugin import (
-    NO_CAPTURE_MESSAGE, RPC_CLEAR_ENCODER_CACHE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_STATS,
+    NO_CAPTURE_MESSAGE,
+    RPC_CLEAR_ENCODER_CACHE,
+    RPC_DISCARD,
+    RPC_FETCH,
+    RPC_NO_SPEECH,
+    RPC_STATS,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens
 

@@ -10,9 +10,10 @@ words are cut into segments (:func:`window_segments`). :func:`finish` runs them 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -301,7 +302,7 @@ def finish_all(
     return list(_plan_pool().map(lambda pair: finish(*pair, fetched, tokens), pairs))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _plan_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="finish")
 

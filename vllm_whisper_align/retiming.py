@@ -21,8 +21,9 @@ import html
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from vllm_whisper_align.formats import ALIGNMENT_FORMATS
 from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleCue, SubtitleFile, write_subtitles

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import codecs
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
 
 from vllm_whisper_align.formats import srt_timestamp, vtt_timestamp
 

@@ -10,15 +10,14 @@ loops, so they can run on a worker thread next to the model without holding the 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import numba
 import numpy as np
 
 from vllm_whisper_align.audio import TOKENS_PER_SECOND
 from vllm_whisper_align.params import MEDFILT_WIDTH
-
 
 # ---------------------------------------------------------------------------- median filter
 
@@ -169,7 +168,7 @@ def dtw(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # takes ~13 ms, one after another ~21 ms, and a numba prange over the matrices copied into one
 # packed buffer 15-26 ms (the copy alone is a few ms). The pool also keeps numba's parallel
 # threads out of it, so it composes with a caller's own threads.
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _thread_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, thread_name_prefix="dtw")
 

@@ -7,8 +7,9 @@ makes them emit nothing or garbage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 # Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
 # English-only vocabularies still list language tokens, but the model was never trained with them.

@@ -10,12 +10,13 @@ which) ids are special.
 from __future__ import annotations
 
 import string
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
 from vllm_whisper_align.audio import SPEECH_FRAME_SECONDS, SpectralFlux, true_runs
+
 Decode = Callable[[list[int]], str]
 
 PREPEND_PUNCTUATIONS = "\"'“¿([{-"

@@ -17,8 +17,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, load_manifest, runner_parser, shortest, load_wav, log, run_record, self_maxrss_mib,
-    word_dicts, write_output,
+    RssSampler,
+    load_manifest,
+    load_wav,
+    log,
+    run_record,
+    runner_parser,
+    self_maxrss_mib,
+    shortest,
+    word_dicts,
+    write_output,
 )
 
 

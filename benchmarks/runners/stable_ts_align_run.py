@@ -16,7 +16,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai_checkpoint  # noqa: E402
 from common import (  # noqa: E402
-    RssSampler, load_wav, log, run_record, runner_parser, self_maxrss_mib, word_dicts, write_output,
+    RssSampler,
+    load_wav,
+    log,
+    run_record,
+    runner_parser,
+    self_maxrss_mib,
+    word_dicts,
+    write_output,
 )
 
 SYSTEM = "stable-ts"

@@ -17,7 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    RssSampler, engine_variant, load_wav, log, precision_label, run_record, runner_parser, write_output,
+    RssSampler,
+    engine_variant,
+    load_wav,
+    log,
+    precision_label,
+    run_record,
+    runner_parser,
+    write_output,
 )
 
 SYSTEM = "vllm-whisper-align (offline)"

@@ -23,8 +23,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
-    DEFAULT_VARIANT, RssSampler, engine_variant, runner_parser, load_manifest, log, precision_label,
-    run_record, tree_memory, word_dicts, write_output,
+    DEFAULT_VARIANT,
+    RssSampler,
+    engine_variant,
+    load_manifest,
+    log,
+    precision_label,
+    run_record,
+    runner_parser,
+    tree_memory,
+    word_dicts,
+    write_output,
 )
 
 

@@ -14,15 +14,19 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
-from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm import SamplingParams
+from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm.exceptions import VLLMValidationError
 from vllm.utils import random_uuid
 
 from vllm_whisper_align import decoding, retiming
 from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
 from vllm_whisper_align.formats import (
-    ALIGNMENT_FORMATS, GRANULARITIES, RESPONSE_FORMATS, SubtitleOptions, write_result,
+    ALIGNMENT_FORMATS,
+    GRANULARITIES,
+    RESPONSE_FORMATS,
+    SubtitleOptions,
+    write_result,
 )
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD, TRANSCRIPTION_METHODS

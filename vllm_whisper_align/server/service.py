@@ -22,7 +22,12 @@ from vllm_whisper_align.audio import SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest
 from vllm_whisper_align.plugin import (
-    NO_CAPTURE_MESSAGE, RPC_DISCARD, RPC_FETCH, RPC_NO_SPEECH, RPC_RETURN_IDLE_MEMORY, RPC_STATS,
+    NO_CAPTURE_MESSAGE,
+    RPC_DISCARD,
+    RPC_FETCH,
+    RPC_NO_SPEECH,
+    RPC_RETURN_IDLE_MEMORY,
+    RPC_STATS,
 )
 from vllm_whisper_align.tokenizer import WhisperTokens
 from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
