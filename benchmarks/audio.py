@@ -120,11 +120,18 @@ def short_clip_spec(index: int) -> dict:
 def make_short(index: int) -> tuple[SpokenClip, dict]:
     spec = short_clip_spec(index)
     words = spec["words"]
-    gaps = [round(GAP_CYCLE[(index + k) % len(GAP_CYCLE)] * spec["gap_scale"], 3)
-            for k in range(len(words) - 1)]
+    gaps = [
+        round(GAP_CYCLE[(index + k) % len(GAP_CYCLE)] * spec["gap_scale"], 3) for k in range(len(words) - 1)
+    ]
     clip = synthesize_words(
-        words, gap_s=gaps, voice=spec["voice"], rate=spec["rate"], lead_s=0.3 + 0.1 * (index % 4),
-        tail_s=0.4, noise_db=spec["noise_db"], seed=spec["seed"],
+        words,
+        gap_s=gaps,
+        voice=spec["voice"],
+        rate=spec["rate"],
+        lead_s=0.3 + 0.1 * (index % 4),
+        tail_s=0.4,
+        noise_db=spec["noise_db"],
+        seed=spec["seed"],
     )
     return clip, {"voice": spec["voice"], "rate": spec["rate"], "noise_db": spec["noise_db"]}
 
@@ -137,8 +144,9 @@ def make_continuous(index: int) -> tuple[SpokenClip, dict]:
     voice = CONTINUOUS_VOICES[index % len(CONTINUOUS_VOICES)]
     rate = CONTINUOUS_RATES[(index // len(CONTINUOUS_VOICES)) % len(CONTINUOUS_RATES)]
     noise = {1: -45.0, 2: -35.0}.get(index % 3)
-    clip = synthesize_sentence(text, voice, rate, lead_s=0.3 + 0.1 * (index % 4), tail_s=0.4,
-                               noise_db=noise, seed=100 + index)
+    clip = synthesize_sentence(
+        text, voice, rate, lead_s=0.3 + 0.1 * (index % 4), tail_s=0.4, noise_db=noise, seed=100 + index
+    )
     return clip, {"voice": voice, "rate": rate, "noise_db": noise, "speech": "continuous"}
 
 
@@ -147,8 +155,16 @@ def mixed_long(min_seconds: float, noise_db: float = -45.0) -> SpokenClip:
     clips, total, index = [], 0.0, 0
     while total < min_seconds:
         sentence = ALL_SENTENCES[(7 * index + 3) % len(ALL_SENTENCES)].split()
-        clips.append(synthesize_words(sentence, gap_s=0.25, voice=VOICES[index % len(VOICES)],
-                                      rate=RATES[(index + 1) % len(RATES)], lead_s=0.3, tail_s=0.5))
+        clips.append(
+            synthesize_words(
+                sentence,
+                gap_s=0.25,
+                voice=VOICES[index % len(VOICES)],
+                rate=RATES[(index + 1) % len(RATES)],
+                lead_s=0.3,
+                tail_s=0.5,
+            )
+        )
         total += clips[-1].duration
         index += 1
     joined = concatenate_clips(clips)
@@ -173,9 +189,13 @@ def write_clip(out_dir: Path, clip_id: str, clip: SpokenClip, meta: dict) -> dic
     path = out_dir / f"{clip_id}.wav"
     write_wav(path, clip.samples)
     return {
-        "path": str(path), "duration": round(clip.duration, 4), "words": clip.words,
-        "starts": [round(s, 6) for s in clip.starts], "ends": [round(e, 6) for e in clip.ends],
-        "text": clip.text, **meta,
+        "path": str(path),
+        "duration": round(clip.duration, 4),
+        "words": clip.words,
+        "starts": [round(s, 6) for s in clip.starts],
+        "ends": [round(e, 6) for e in clip.ends],
+        "text": clip.text,
+        **meta,
     }
 
 
@@ -183,16 +203,24 @@ def build_alignment(out_dir: Path, log=print) -> dict:
     """The two long recordings for forced alignment; wavs + align_truth.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     truth = {
-        "align_pauses": write_clip(out_dir, "align_pauses", recording(make_short, ALIGN_MIN_SECONDS),
-                                   {"voice": "mixed", "rate": None, "noise_db": "mixed", "speech": "pauses"}),
+        "align_pauses": write_clip(
+            out_dir,
+            "align_pauses",
+            recording(make_short, ALIGN_MIN_SECONDS),
+            {"voice": "mixed", "rate": None, "noise_db": "mixed", "speech": "pauses"},
+        ),
         "align_continuous": write_clip(
-            out_dir, "align_continuous", recording(make_continuous, ALIGN_MIN_SECONDS),
+            out_dir,
+            "align_continuous",
+            recording(make_continuous, ALIGN_MIN_SECONDS),
             {"voice": "mixed", "rate": None, "noise_db": "mixed", "speech": "continuous"},
         ),
     }
     (out_dir / "align_truth.json").write_text(json.dumps(truth, indent=1))
-    log("[audio] alignment: " + ", ".join(f"{i} {t['duration']:.0f} s, {len(t['words'])} words"
-                                          for i, t in truth.items()))
+    log(
+        "[audio] alignment: "
+        + ", ".join(f"{i} {t['duration']:.0f} s, {len(t['words'])} words" for i, t in truth.items())
+    )
     return truth
 
 
@@ -226,8 +254,10 @@ def manifest(truth: dict, ids: list[str] | None = None) -> list[dict]:
 
 def alignment_manifest(truth: dict, warm_up: dict) -> dict:
     """The long recordings with the text to align, and a short clip (with its text) to warm up on."""
-    return {"recordings": [{**entry, "text": truth[entry["id"]]["text"]} for entry in manifest(truth)],
-            "warm_up": {"path": warm_up["path"], "text": warm_up["text"]}}
+    return {
+        "recordings": [{**entry, "text": truth[entry["id"]]["text"]} for entry in manifest(truth)],
+        "warm_up": {"path": warm_up["path"], "text": warm_up["text"]},
+    }
 
 
 def main() -> None:
@@ -239,8 +269,16 @@ def main() -> None:
     truth = build(args.out)
     build_alignment(args.out)
     durations = [t["duration"] for t in truth.values()]
-    print(json.dumps({"clips": len(durations), "total_s": round(sum(durations), 1),
-                      "min_s": min(durations), "max_s": max(durations)}))
+    print(
+        json.dumps(
+            {
+                "clips": len(durations),
+                "total_s": round(sum(durations), 1),
+                "min_s": min(durations),
+                "max_s": max(durations),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

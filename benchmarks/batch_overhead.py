@@ -101,8 +101,11 @@ def corpus(audio_dir: Path, repeats: int) -> list:
     from vllm_whisper_align.batch import Item
 
     truth = json.loads((audio_dir / "truth.json").read_text())
-    return [Item(f"r{k}-{clip_id}", str((audio_dir / f"{clip_id}.wav").absolute()))
-            for k in range(repeats) for clip_id in sorted(truth)]
+    return [
+        Item(f"r{k}-{clip_id}", str((audio_dir / f"{clip_id}.wav").absolute()))
+        for k in range(repeats)
+        for clip_id in sorted(truth)
+    ]
 
 
 def offline_rounds(items, rounds: int, batch_size: int) -> dict:
@@ -129,8 +132,12 @@ def offline_rounds(items, rounds: int, batch_size: int) -> dict:
             chunked.append(time.perf_counter() - started)
             log(f"offline in calls of {batch_size}, round {round_ + 1}: {chunked[-1]:.1f} s")
         aligner.close()
-    return {"engine_start_s": round(startup_s, 1), "walls_s": [round(w, 2) for w in walls],
-            "chunked_walls_s": [round(w, 2) for w in chunked], "peak_pss_mib": round(memory.peak)}
+    return {
+        "engine_start_s": round(startup_s, 1),
+        "walls_s": [round(w, 2) for w in walls],
+        "chunked_walls_s": [round(w, 2) for w in chunked],
+        "peak_pss_mib": round(memory.peak),
+    }
 
 
 def interleaved_rounds(items, rounds: int, batch_size: int) -> tuple[dict, dict]:
@@ -153,8 +160,12 @@ def interleaved_rounds(items, rounds: int, batch_size: int) -> tuple[dict, dict]
         log(f"offline round {round_ + 1}: {walls[-1]:.1f} s")
         jobs.append(batch_rounds(items, 1, batch_size, job_tree=False))
     aligner.close()
-    offline = {"engine_start_s": round(startup_s, 1), "walls_s": [round(w, 2) for w in walls],
-               "chunked_walls_s": [float("nan")], "peak_pss_mib": round(peak)}
+    offline = {
+        "engine_start_s": round(startup_s, 1),
+        "walls_s": [round(w, 2) for w in walls],
+        "chunked_walls_s": [float("nan")],
+        "peak_pss_mib": round(peak),
+    }
     merged = {key: [value for job in jobs for value in job[key]] for key in jobs[0]}
     merged["job_tree_peak_pss_mib"] = [None]  # it held the idle offline engine too
     return offline, merged
@@ -173,8 +184,14 @@ def batch_rounds(items, rounds: int, batch_size: int, job_tree: bool = True) -> 
         with tempfile.TemporaryDirectory(prefix="batch-overhead-") as folder:
             out = Path(folder)
             with PeakPss(find_replica) as replica, PeakPss(os.getpid if job_tree else lambda: None) as job:
-                report = run_job(items, out, engine_args=dict(ENGINE_ARGS), options=JobOptions(str(out)),
-                                 replicas=1, batch_size=batch_size)
+                report = run_job(
+                    items,
+                    out,
+                    engine_args=dict(ENGINE_ARGS),
+                    options=JobOptions(str(out)),
+                    replicas=1,
+                    batch_size=batch_size,
+                )
             assert report.ok == len(items) and report.errors == 0, report
             assert len(list(out.glob("*.json"))) == len(items)
         processing.append(report.last_row_at - report.replica_ready_at)
@@ -184,15 +201,20 @@ def batch_rounds(items, rounds: int, batch_size: int, job_tree: bool = True) -> 
         replica_pss.append(replica.peak)
         job_pss.append(job.peak)
         stops.append(report.finished_at - report.last_row_at)
-        log(f"batch round {round_ + 1}: processing {processing[-1]:.1f} s, whole job {totals[-1]:.1f} s "
+        log(
+            f"batch round {round_ + 1}: processing {processing[-1]:.1f} s, whole job {totals[-1]:.1f} s "
             f"(Ray {ray_starts[-1]:.1f} s, replica start {replica_starts[-1]:.1f} s), replica PSS "
-            f"{replica.peak:.0f} MiB")
-    return {"processing_walls_s": [round(w, 2) for w in processing],
-            "job_walls_s": [round(w, 2) for w in totals], "ray_start_s": [round(w, 1) for w in ray_starts],
-            "replica_start_s": [round(w, 1) for w in replica_starts],
-            "ray_stop_s": [round(w, 1) for w in stops],
-            "replica_peak_pss_mib": [round(m) for m in replica_pss],
-            "job_tree_peak_pss_mib": [round(m) for m in job_pss]}
+            f"{replica.peak:.0f} MiB"
+        )
+    return {
+        "processing_walls_s": [round(w, 2) for w in processing],
+        "job_walls_s": [round(w, 2) for w in totals],
+        "ray_start_s": [round(w, 1) for w in ray_starts],
+        "replica_start_s": [round(w, 1) for w in replica_starts],
+        "ray_stop_s": [round(w, 1) for w in stops],
+        "replica_peak_pss_mib": [round(m) for m in replica_pss],
+        "job_tree_peak_pss_mib": [round(m) for m in job_pss],
+    }
 
 
 def main() -> int:
@@ -203,10 +225,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--interleave", action="store_true",
-                        help="alternate offline passes and jobs, the offline engine kept (no calls-of-N)")
-    parser.add_argument("--offline-only", action="store_true",
-                        help="only the offline passes (whole, and in calls of --batch-size)")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="alternate offline passes and jobs, the offline engine kept (no calls-of-N)",
+    )
+    parser.add_argument(
+        "--offline-only",
+        action="store_true",
+        help="only the offline passes (whole, and in calls of --batch-size)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "out" / "batch_overhead.json")
     args = parser.parse_args()
     if not (args.audio_dir / "truth.json").exists():
@@ -224,8 +252,11 @@ def main() -> int:
     if args.interleave:
         pass
     elif args.offline_only:
-        ray_job = {"processing_walls_s": [float("nan")], "job_walls_s": [float("nan")],
-                   "replica_peak_pss_mib": [None]}
+        ray_job = {
+            "processing_walls_s": [float("nan")],
+            "job_walls_s": [float("nan")],
+            "replica_peak_pss_mib": [None],
+        }
     else:
         ray_job = batch_rounds(items, args.rounds, args.batch_size)
     offline_speed = audio_s / statistics.median(offline["walls_s"])
@@ -233,17 +264,22 @@ def main() -> int:
     batch_speed = audio_s / statistics.median(ray_job["processing_walls_s"])
     job_speed = audio_s / statistics.median(ray_job["job_walls_s"])
     summary = {
-        "items": len(items), "audio_s": round(audio_s, 1), "batch_size": args.batch_size,
-        "engine_args": ENGINE_ARGS, "rounds": args.rounds,
+        "items": len(items),
+        "audio_s": round(audio_s, 1),
+        "batch_size": args.batch_size,
+        "engine_args": ENGINE_ARGS,
+        "rounds": args.rounds,
         "offline_audio_s_per_s": round(offline_speed, 2),
         "offline_in_calls_of_batch_size_audio_s_per_s": round(chunked_speed, 2),
         "batch_audio_s_per_s": round(batch_speed, 2),
         "batch_whole_job_audio_s_per_s": round(job_speed, 2),
         "ray_overhead_pct": round(100 * (1 - batch_speed / offline_speed), 1),
-        "replica_peak_pss_mib": ray_job["replica_peak_pss_mib"][0] if args.offline_only
+        "replica_peak_pss_mib": ray_job["replica_peak_pss_mib"][0]
+        if args.offline_only
         else max(ray_job["replica_peak_pss_mib"]),
         "offline_peak_pss_mib": offline["peak_pss_mib"],
-        "offline": offline, "batch": ray_job,
+        "offline": offline,
+        "batch": ray_job,
     }
     write_output(args.out, "batch-overhead", [summary])
     print(json.dumps(summary, indent=1))

@@ -29,8 +29,11 @@ KINDS = ("continuous", "pauses")
 
 def clips_by_kind(truth: dict) -> dict[str, list[SpokenClip]]:
     return {
-        kind: [SpokenClip(load_wav(t["path"]), t["words"], t["starts"], t["ends"], t["text"])
-               for t in truth.values() if t.get("speech") == kind and t["duration"] <= 30]
+        kind: [
+            SpokenClip(load_wav(t["path"]), t["words"], t["starts"], t["ends"], t["text"])
+            for t in truth.values()
+            if t.get("speech") == kind and t["duration"] <= 30
+        ]
         for kind in KINDS
     }
 
@@ -61,8 +64,12 @@ def main() -> None:
     with WhisperAligner(str(model), dtype="float32") as aligner:
         for method in args.methods.split(","):
             for kind, clips in by_kind.items():
-                results = aligner.align([c.samples for c in clips], [c.text for c in clips], language="en",
-                                        alignment_method=method)
+                results = aligner.align(
+                    [c.samples for c in clips],
+                    [c.text for c in clips],
+                    language="en",
+                    alignment_method=method,
+                )
                 rows.append({"model": args.model, "method": method, "speech": kind, **shares(clips, results)})
                 print(json.dumps(rows[-1]), flush=True)
     (HERE / "out" / f"boundaries-{args.model}.json").write_text(json.dumps(rows, indent=1))

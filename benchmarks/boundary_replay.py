@@ -62,8 +62,13 @@ def dev_clip(index: int) -> SpokenClip:
     first, second = ALL_SENTENCES[index % n], ALL_SENTENCES[(7 * index + 5) % n]
     text = f"{first[0].upper()}{first[1:]}. {second[0].upper()}{second[1:]}."
     return synthesize_sentence(
-        text, DEV_VOICES[index % 6], DEV_RATES[(index // 6 + index) % 6], lead_s=0.3 + 0.1 * (index % 4),
-        tail_s=0.4, noise_db={1: -45.0, 2: -35.0}.get(index % 3), seed=500 + index,
+        text,
+        DEV_VOICES[index % 6],
+        DEV_RATES[(index // 6 + index) % 6],
+        lead_s=0.3 + 0.1 * (index % 4),
+        tail_s=0.4,
+        noise_db={1: -45.0, 2: -35.0}.get(index % 3),
+        seed=500 + index,
     )
 
 
@@ -71,9 +76,14 @@ def held_pauses_clip(index: int) -> SpokenClip:
     words = CONTINUOUS_SENTENCES[index % len(CONTINUOUS_SENTENCES)].split()
     gaps = [GAP_CYCLE[(index + 2 * k) % len(GAP_CYCLE)] for k in range(len(words) - 1)]
     return synthesize_words(
-        words, gap_s=gaps, voice=CONTINUOUS_VOICES[index % 4],
-        rate=CONTINUOUS_RATES[(index // 4 + index) % 4], lead_s=0.3 + 0.1 * (index % 3), tail_s=0.4,
-        noise_db={1: -45.0, 2: -35.0}.get(index % 3), seed=900 + index,
+        words,
+        gap_s=gaps,
+        voice=CONTINUOUS_VOICES[index % 4],
+        rate=CONTINUOUS_RATES[(index // 4 + index) % 4],
+        lead_s=0.3 + 0.1 * (index % 3),
+        tail_s=0.4,
+        noise_db={1: -45.0, 2: -35.0}.get(index % 3),
+        seed=900 + index,
     )
 
 
@@ -96,17 +106,24 @@ def record(out: Path) -> None:
     window_results = results.window_results
 
     def keep(plan, outputs, fetched, tokens):
-        calls.append({
-            "windows": [(w.samples, w.offset, w.duration, w.alignment, w.forced_tokens)
-                        for w in plan.windows],
-            "outputs": list(outputs), "fetched": list(fetched), "language": plan.language,
-            "word_timestamps": plan.word_timestamps, "fallback": plan.fallback,
-        })
+        calls.append(
+            {
+                "windows": [
+                    (w.samples, w.offset, w.duration, w.alignment, w.forced_tokens) for w in plan.windows
+                ],
+                "outputs": list(outputs),
+                "fetched": list(fetched),
+                "language": plan.language,
+                "word_timestamps": plan.word_timestamps,
+                "fallback": plan.fallback,
+            }
+        )
         return window_results(plan, outputs, fetched, tokens)
 
     results.window_results = keep
-    recorded: dict = {"clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips]
-                                for name, clips in sets.items()}}
+    recorded: dict = {
+        "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()}
+    }
     with WhisperAligner(str(default_model_path()), dtype="float32") as aligner:
         for name, clips in sets.items():
             audio = [clip.samples for clip in clips]
@@ -142,13 +159,25 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
 
     words = []
     for call in recorded[(name, mode)]:
-        windows = [SimpleNamespace(samples=s, offset=o, duration=d, alignment=a, forced_tokens=f)
-                   for s, o, d, a, f in call["windows"]]
-        plan = SimpleNamespace(windows=windows, word_timestamps=call["word_timestamps"],
-                               language=call["language"], fallback=call["fallback"])
+        windows = [
+            SimpleNamespace(samples=s, offset=o, duration=d, alignment=a, forced_tokens=f)
+            for s, o, d, a, f in call["windows"]
+        ]
+        plan = SimpleNamespace(
+            windows=windows,
+            word_timestamps=call["word_timestamps"],
+            language=call["language"],
+            fallback=call["fallback"],
+        )
         answers = results.window_results(plan, call["outputs"], call["fetched"], tokens)
-        words.append([{"word": w.word, "start": w.start, "end": w.end}
-                      for r in answers if r is not None for w in r.words])
+        words.append(
+            [
+                {"word": w.word, "start": w.start, "end": w.end}
+                for r in answers
+                if r is not None
+                for w in r.words
+            ]
+        )
     return words
 
 
@@ -168,13 +197,17 @@ def replay(path: Path) -> None:
         for mode in MODES:
             words = replay_words(recorded, tokens, name, mode)
             figures = shares(clips, [{"words": w} for w in words], heard_only=mode == "transcribed")
-            line = (f"{name:11} {mode:11} starts {figures['within_50ms_pct']} / "
-                    f"{figures['within_100ms_pct']} / {figures['within_200ms_pct']}, "
-                    f"MAE {figures['start_mae_ms']} ms")
+            line = (
+                f"{name:11} {mode:11} starts {figures['within_50ms_pct']} / "
+                f"{figures['within_100ms_pct']} / {figures['within_200ms_pct']}, "
+                f"MAE {figures['start_mae_ms']} ms"
+            )
             if name.startswith("pauses"):
                 ends = end_shares(clips, words)
-                line += (f"; ends {ends['within_50ms_pct']} / {ends['within_100ms_pct']} / "
-                         f"{ends['within_200ms_pct']}, MAE {ends['end_mae_ms']} ms")
+                line += (
+                    f"; ends {ends['within_50ms_pct']} / {ends['within_100ms_pct']} / "
+                    f"{ends['within_200ms_pct']}, MAE {ends['end_mae_ms']} ms"
+                )
             print(line)
 
 

@@ -131,8 +131,14 @@ def tree_memory(pid: int) -> list[dict[str, Any]]:
         try:
             info = proc.memory_full_info()
             title = " ".join(proc.cmdline()).strip()[:80] or proc.name()
-            rows.append({"pid": proc.pid, "process": title, "rss_mib": round(info.rss / 2**20, 1),
-                         "pss_mib": round(info.pss / 2**20, 1)})
+            rows.append(
+                {
+                    "pid": proc.pid,
+                    "process": title,
+                    "rss_mib": round(info.rss / 2**20, 1),
+                    "pss_mib": round(info.pss / 2**20, 1),
+                }
+            )
         except psutil.Error:
             pass
     return rows
@@ -158,12 +164,14 @@ def word_dicts(words: Iterable[Any]) -> list[dict[str, Any]]:
     for w in words:
         get = (lambda k, w=w: w.get(k)) if isinstance(w, dict) else (lambda k, w=w: getattr(w, k, None))
         start, end = get("start"), get("end")
-        out.append({
-            "word": str(get("word")),
-            "start": None if start is None else round(float(start), 4),
-            "end": None if end is None else round(float(end), 4),
-            "probability": None if get("probability") is None else round(float(get("probability")), 4),
-        })
+        out.append(
+            {
+                "word": str(get("word")),
+                "start": None if start is None else round(float(start), 4),
+                "end": None if end is None else round(float(end), 4),
+                "probability": None if get("probability") is None else round(float(get("probability")), 4),
+            }
+        )
     return out
 
 
@@ -171,8 +179,15 @@ def run_record(**fields: Any) -> dict[str, Any]:
     """One pass of a system over the clips, in the shape run.py reads."""
     latencies = fields.get("latencies_s") or []
     record = {
-        "system": None, "model": None, "precision": None, "concurrency": None, "mode": None,
-        "word_timestamps": True, "audio_s": None, "wall_s": None, "peak_rss_mib": None,
+        "system": None,
+        "model": None,
+        "precision": None,
+        "concurrency": None,
+        "mode": None,
+        "word_timestamps": True,
+        "audio_s": None,
+        "wall_s": None,
+        "peak_rss_mib": None,
         "p50_latency_s": round(statistics.median(latencies), 4) if latencies else None,
         "p95_latency_s": round(percentile(latencies, 95), 4) if latencies else None,
         "files": {},
@@ -236,7 +251,8 @@ def runner_parser(
     parser.add_argument("--out", required=True)
     parser.add_argument("--model-name", default="tiny.en")
     if engine:
-        parser.add_argument("--dtype", default="float32",
-                            help="a dtype, or dtype+int8enc (int8 encoder linears)")
+        parser.add_argument(
+            "--dtype", default="float32", help="a dtype, or dtype+int8enc (int8 encoder linears)"
+        )
         parser.add_argument("--max-num-seqs", type=int, default=32)
     return parser

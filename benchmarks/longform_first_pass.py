@@ -71,9 +71,12 @@ def main() -> None:
                     times.setdefault((name, label), []).append(time.perf_counter() - began)
                     errors = np.abs(np.array([w["start"] for w in result["words"]]) - np.array(clip.starts))
                     wall = times[name, label][-1]
-                    print(f"{name} {label}: {wall:.2f} s, start MAE {errors.mean() * 1000:.1f} ms, "
-                          f"within 50 / 100 ms {np.mean(errors <= 0.05):.1%} / {np.mean(errors <= 0.1):.1%}, "
-                          f"windows failing the check {state['fallbacks']}", flush=True)
+                    print(
+                        f"{name} {label}: {wall:.2f} s, start MAE {errors.mean() * 1000:.1f} ms, "
+                        f"within 50 / 100 ms {np.mean(errors <= 0.05):.1%} / {np.mean(errors <= 0.1):.1%}, "
+                        f"windows failing the check {state['fallbacks']}",
+                        flush=True,
+                    )
                 began = time.perf_counter()
                 aligner.transcribe([clip.samples], word_timestamps=True)
                 times.setdefault((name, "transcribe"), []).append(time.perf_counter() - began)
@@ -83,8 +86,10 @@ def main() -> None:
             transcribe = float(np.median(times[name, "transcribe"]))
             for label in ("align, short first pass", "align, full first pass", "transcribe"):
                 wall = float(np.median(times[name, label]))
-                print(f"  {name} ({duration:.0f} s) {label}: {wall:.2f} s, {duration / wall:.1f} audio-s/s, "
-                      f"{transcribe / wall:.2f}x transcription's throughput")
+                print(
+                    f"  {name} ({duration:.0f} s) {label}: {wall:.2f} s, {duration / wall:.1f} audio-s/s, "
+                    f"{transcribe / wall:.2f}x transcription's throughput"
+                )
 
 
 if __name__ == "__main__":

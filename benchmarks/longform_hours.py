@@ -120,15 +120,18 @@ def start_errors_by_hour(words: list[dict], starts: np.ndarray) -> dict[str, flo
     ok = np.array([bool(w.get("aligned", True)) for w in words]) & ~np.isnan(starts)
     errors = np.abs(got - starts)
     first, last = ok & (starts < 3600), ok & (starts >= np.nanmax(starts) - 3600)
-    return {"first_hour_mae_ms": round(1000 * float(errors[first].mean()), 1),
-            "last_hour_mae_ms": round(1000 * float(errors[last].mean()), 1)}
+    return {
+        "first_hour_mae_ms": round(1000 * float(errors[first].mean()), 1),
+        "last_hour_mae_ms": round(1000 * float(errors[last].mean()), 1),
+    }
 
 
 async def one_round(base: str, audio: bytes, text: str, starts: np.ndarray) -> dict:
     row = {}
     await idle_server(base, (await capture_stats(base)).get("heap_returns", 0), timeout_s=120)
-    seconds, body = await post(base, "/v1/audio/alignments", audio,
-                               {"text": text, "response_format": "verbose_json"})
+    seconds, body = await post(
+        base, "/v1/audio/alignments", audio, {"text": text, "response_format": "verbose_json"}
+    )
     words = body["words"]
     row["align_s"] = round(seconds, 1)
     row["align_words"] = len(words)
@@ -136,9 +139,12 @@ async def one_round(base: str, audio: bytes, text: str, starts: np.ndarray) -> d
     row.update(start_errors_by_hour(words, starts))
     row["stats_after_align"] = await capture_stats(base)
     await idle_server(base, (await capture_stats(base)).get("heap_returns", 0), timeout_s=120)
-    seconds, body = await post(base, "/v1/audio/transcriptions", audio,
-                               {"response_format": "verbose_json", "timestamp_granularities[]": "word",
-                                "language": "en"})
+    seconds, body = await post(
+        base,
+        "/v1/audio/transcriptions",
+        audio,
+        {"response_format": "verbose_json", "timestamp_granularities[]": "word", "language": "en"},
+    )
     row["transcribe_s"] = round(seconds, 1)
     row["transcribe_words"] = len(body.get("words") or [])
     row["stats_after_transcribe"] = await capture_stats(base)
@@ -148,11 +154,13 @@ async def one_round(base: str, audio: bytes, text: str, starts: np.ndarray) -> d
 def section(summary: dict) -> list[str]:
     """RESULTS.md's section for this script's output (``summary``: the JSON it writes)."""
     lines = [
-        "## Hours of audio through serve", "",
+        "## Hours of audio through serve",
+        "",
         f"`{summary['command']}` ({summary.get('date', '')}): `serve` with its defaults, the benchmark's "
         "continuous recording repeated to each length and sent as 16 kbps Opus, aligned to its text, then "
         "transcribed with word timestamps, one request at a time, the encoder cache emptied before each "
-        "(*start MAE*: of the aligned words whose true start is in the recording's first / last hour):", "",
+        "(*start MAE*: of the aligned words whose true start is in the recording's first / last hour):",
+        "",
         "| recording | words | round | alignment s | transcription s | words aligned "
         "| start MAE, first hour ms | last hour ms |",
         "|---|---|---|---|---|---|---|---|",
@@ -160,14 +168,18 @@ def section(summary: dict) -> list[str]:
     for recording in summary["recordings"]:
         name = f"{_length(recording['duration_s'])}, {recording['file_mib']} MiB"
         for index, row in enumerate(recording["rounds"], 1):
-            lines.append(f"| {name} | {recording['words']} | {index} | {row['align_s']} "
-                         f"| {row['transcribe_s']} | {row['align_words_aligned']} of {row['align_words']} "
-                         f"| {row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |")
+            lines.append(
+                f"| {name} | {recording['words']} | {index} | {row['align_s']} "
+                f"| {row['transcribe_s']} | {row['align_words_aligned']} of {row['align_words']} "
+                f"| {row.get('first_hour_mae_ms', '–')} | {row.get('last_hour_mae_ms', '–')} |"
+            )
     lines.append("")
     for recording in summary["recordings"]:
-        lines.append(f"- {_length(recording['duration_s'])}: alignment runs at "
-                     f"{recording['alignment_speed_vs_transcription']:.2f}× transcription's speed "
-                     "(medians; target ≥ 1×).")
+        lines.append(
+            f"- {_length(recording['duration_s'])}: alignment runs at "
+            f"{recording['alignment_speed_vs_transcription']:.2f}× transcription's speed "
+            "(medians; target ≥ 1×)."
+        )
     return lines + [""]
 
 
@@ -183,18 +195,26 @@ def measure(base: str, recording: tuple, rounds: int) -> dict:
     rows = []
     for index in range(rounds):
         row = asyncio.run(one_round(base, audio, text, starts))
-        log(f"hours: {duration / 3600:.2f} h, round {index + 1}: alignment {row['align_s']} s, transcription "
-            f"{row['transcribe_s']} s, {row['align_words_aligned']}/{row['align_words']} words aligned")
+        log(
+            f"hours: {duration / 3600:.2f} h, round {index + 1}: alignment {row['align_s']} s, transcription "
+            f"{row['transcribe_s']} s, {row['align_words_aligned']}/{row['align_words']} words aligned"
+        )
         rows.append(row)
     align = statistics.median(r["align_s"] for r in rows)
     transcribe = statistics.median(r["transcribe_s"] for r in rows)
-    print(f"{duration / 3600:.2f} h ({len(starts)} words, {len(audio) / 2**20:.1f} MiB Opus): alignment "
-          f"{align:.1f} s, transcription {transcribe:.1f} s (medians of {len(rows)}): alignment runs "
-          f"{transcribe / align:.2f}x transcription's speed")
+    print(
+        f"{duration / 3600:.2f} h ({len(starts)} words, {len(audio) / 2**20:.1f} MiB Opus): alignment "
+        f"{align:.1f} s, transcription {transcribe:.1f} s (medians of {len(rows)}): alignment runs "
+        f"{transcribe / align:.2f}x transcription's speed"
+    )
     return {
-        "recording": str(path.relative_to(HERE.parent)), "duration_s": round(duration, 1),
-        "file_mib": round(len(audio) / 2**20, 1), "words": len(starts), "rounds": rows,
-        "median_align_s": align, "median_transcribe_s": transcribe,
+        "recording": str(path.relative_to(HERE.parent)),
+        "duration_s": round(duration, 1),
+        "file_mib": round(len(audio) / 2**20, 1),
+        "words": len(starts),
+        "rounds": rows,
+        "median_align_s": align,
+        "median_transcribe_s": transcribe,
         "alignment_speed_vs_transcription": round(transcribe / align, 2),
     }
 

@@ -41,12 +41,23 @@ def main(results_path: str, errors_path: str, png_path: str) -> None:
         off = [r for r in items if not r.get("word_timestamps", True)]
         label = f"{key[0]} {key[1]}"
         if on:
-            left.plot([r["concurrency"] for r in on], [r["audio_s_per_wall_s"] for r in on], "o-",
-                      color=colors[key], label=label)
+            left.plot(
+                [r["concurrency"] for r in on],
+                [r["audio_s_per_wall_s"] for r in on],
+                "o-",
+                color=colors[key],
+                label=label,
+            )
         if off:
-            left.plot([r["concurrency"] for r in off], [r["audio_s_per_wall_s"] for r in off], "o",
-                      mfc="none", color=colors[key], markersize=9,
-                      label=None if on else label + " (no word ts)")
+            left.plot(
+                [r["concurrency"] for r in off],
+                [r["audio_s_per_wall_s"] for r in off],
+                "o",
+                mfc="none",
+                color=colors[key],
+                markersize=9,
+                label=None if on else label + " (no word ts)",
+            )
     left.set_xscale("log", base=2)
     ticks = sorted({r["concurrency"] for r in rows if r.get("audio_s_per_wall_s") is not None})
     left.set_xticks(ticks)

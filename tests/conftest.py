@@ -27,11 +27,7 @@ def aligner(model_dir):
     """The offline API over a real engine; float32 so parity with openai-whisper (float32) is fair."""
     from vllm_whisper_align.offline import WhisperAligner
 
-    engine = WhisperAligner(
-        str(model_dir),
-        dtype="float32",
-        max_num_seqs=16,
-    )
+    engine = WhisperAligner(str(model_dir), dtype="float32", max_num_seqs=16)
     yield engine
     engine.llm.llm_engine.engine_core.shutdown()
 
@@ -75,8 +71,9 @@ def server_environment(env: dict | None = None) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def running_server(model: str | Path, log_dir: Path, served_name: str | None = None, env: dict | None = None,
-                   args=()):
+def running_server(
+    model: str | Path, log_dir: Path, served_name: str | None = None, env: dict | None = None, args=()
+):
     """`vllm-whisper-align serve MODEL` in a subprocess; yields its base URL once /health answers.
 
     Without ``served_name`` the server picks its own (a name, not MODEL's path); the KV cache is
@@ -87,9 +84,19 @@ def running_server(model: str | Path, log_dir: Path, served_name: str | None = N
     port = _free_port()
     log_path = log_dir / SERVER_LOG
     command = [
-        str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", "32",
-        *(["--served-model-name", served_name] if served_name else []), *args,
+        str(Path(sys.executable).parent / "vllm-whisper-align"),
+        "serve",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "32",
+        *(["--served-model-name", served_name] if served_name else []),
+        *args,
     ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(env))

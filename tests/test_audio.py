@@ -167,7 +167,7 @@ def test_stereo_is_averaged(tmp_path):
     silence = np.zeros_like(tone)
     for rate in (16000, 44100):  # soundfile fast path and FFmpeg path
         path = tmp_path / f"left_only_{rate}.wav"
-        soundfile.write(path, np.stack([tone, silence], axis=1)[: rate], rate, subtype="FLOAT")
+        soundfile.write(path, np.stack([tone, silence], axis=1)[:rate], rate, subtype="FLOAT")
         assert np.abs(decode_audio(path)).max() == pytest.approx(0.25, abs=0.01)
 
 
@@ -287,7 +287,7 @@ def encoded_files(tmp_path_factory, clip):
     for kind in ("wav", "flac", "mp3", "m4a", "ogg-opus"):
         path = folder / f"clip{ENCODINGS[kind][0]}"
         try:
-            encode(path, clip.samples[: SAMPLE_RATE], kind)
+            encode(path, clip.samples[:SAMPLE_RATE], kind)
         except pytest.skip.Exception:
             continue
         files[kind] = path.read_bytes()
@@ -414,7 +414,7 @@ def test_a_long_recording_spills_to_a_file_and_reads_back_the_same(tmp_path, kin
     in_memory, spilled = decode_audio(path), decode_audio(path, spill=True)
     assert isinstance(spilled, SpilledSamples) and len(spilled) == len(in_memory)
     np.testing.assert_array_equal(spilled[:], in_memory)
-    np.testing.assert_array_equal(spilled[1234:N_SAMPLES + 99], in_memory[1234:N_SAMPLES + 99])
+    np.testing.assert_array_equal(spilled[1234 : N_SAMPLES + 99], in_memory[1234 : N_SAMPLES + 99])
     assert len(spilled[len(spilled) - 5 : len(spilled) + 5]) == 5
     windows, spilled_windows = chunk_audio(in_memory), chunk_audio(spilled)
     assert [(c.start, c.stop) for c in spilled_windows] == [(c.start, c.stop) for c in windows]
@@ -550,9 +550,7 @@ def test_long_speech_is_cut_between_words(noise_db):
         cut = chunk.offset
         assert not any(
             start - 0.02 <= cut <= end + 0.02 for start, end in zip(speech.starts, speech.ends, strict=True)
-        ), (
-            f"cut at {cut:.3f}s falls inside a word"
-        )
+        ), f"cut at {cut:.3f}s falls inside a word"
 
 
 def test_long_silence_is_cut_into_full_windows():
@@ -567,9 +565,14 @@ def test_sound_frames_keep_the_quiet_tail_that_the_speech_mask_leaves_out():
 
     t = np.arange(8000) / 16000
     tone = np.sin(2 * np.pi * 300 * t)
-    samples = np.concatenate([
-        np.zeros(8000), 0.5 * tone, 0.5 * 10 ** (-60 / 20) * tone[:1600], np.zeros(8000),  # tail 60 dB down
-    ]).astype(np.float32)
+    samples = np.concatenate(
+        [
+            np.zeros(8000),
+            0.5 * tone,
+            0.5 * 10 ** (-60 / 20) * tone[:1600],
+            np.zeros(8000),  # tail 60 dB down
+        ]
+    ).astype(np.float32)
     speech, sound = speech_frames(samples), sound_frames(samples)
     assert speech[25:50].all() and not speech[50:].any()  # the mask ends with the loud tone at 1.0 s
     assert sound[25:55].all() and not sound[55:].any()  # sound runs on through the 100 ms tail
@@ -581,12 +584,14 @@ def test_spectral_flux_rises_where_a_sound_begins_and_falls_where_it_ends():
 
     rng = np.random.default_rng(0)
     tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)
-    samples = np.concatenate([
-        rng.normal(0, 1e-4, 8000),  # 0.5 s of near-silence
-        tone,  # a tone from 0.5 s
-        tone + 0.3 * rng.normal(0, 1, 8000),  # the tone goes on and noise joins it at 1 s
-        tone,  # the noise stops at 1.5 s
-    ]).astype(np.float32)
+    samples = np.concatenate(
+        [
+            rng.normal(0, 1e-4, 8000),  # 0.5 s of near-silence
+            tone,  # a tone from 0.5 s
+            tone + 0.3 * rng.normal(0, 1, 8000),  # the tone goes on and noise joins it at 1 s
+            tone,  # the noise stops at 1.5 s
+        ]
+    ).astype(np.float32)
     flux = spectral_flux(samples)
     assert len(flux.rises) == len(flux.falls) == len(samples) // 160 + 1
     half = int(0.75 / ONSET_FRAME_SECONDS)

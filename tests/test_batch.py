@@ -34,11 +34,14 @@ def write_manifest(path: Path, entries: list[dict]) -> Path:
 
 
 def test_manifest_items_and_paths(tmp_path):
-    manifest = write_manifest(tmp_path / "m.jsonl", [
-        {"id": "a", "audio": "clips/a.wav"},
-        {"id": 7, "audio": "/abs/b.flac", "language": "de", "duration": 3.0},
-        {"id": "c d", "audio": "s3://bucket/c.wav", "text": "hello there"},
-    ])
+    manifest = write_manifest(
+        tmp_path / "m.jsonl",
+        [
+            {"id": "a", "audio": "clips/a.wav"},
+            {"id": 7, "audio": "/abs/b.flac", "language": "de", "duration": 3.0},
+            {"id": "c d", "audio": "s3://bucket/c.wav", "text": "hello there"},
+        ],
+    )
     (tmp_path / "m.jsonl").write_text(manifest.read_text() + "\n   \n")  # blank lines are skipped
     items = batch.read_manifest(manifest)
     assert items == [
@@ -48,20 +51,23 @@ def test_manifest_items_and_paths(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"audio": "a.wav"}, 'missing "id"'),
-    ({"id": "a"}, 'missing "audio"'),
-    ({"id": "a", "audio": ""}, '"audio"'),
-    ({"id": "../up", "audio": "a.wav"}, "not a file name"),
-    ({"id": "a/b", "audio": "a.wav"}, "not a file name"),
-    ({"id": "..", "audio": "a.wav"}, "starts with '.'"),
-    ({"id": ".hidden", "audio": "a.wav"}, "starts with '.'"),
-    ({"id": "", "audio": "a.wav"}, "empty id"),
-    ({"id": "x" * 300, "audio": "a.wav"}, "longer than"),
-    ({"id": True, "audio": "a.wav"}, '"id" must be'),
-    ({"id": "a", "audio": "a.wav", "text": 5}, '"text" must be'),
-    (["a", "a.wav"], "JSON object"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"audio": "a.wav"}, 'missing "id"'),
+        ({"id": "a"}, 'missing "audio"'),
+        ({"id": "a", "audio": ""}, '"audio"'),
+        ({"id": "../up", "audio": "a.wav"}, "not a file name"),
+        ({"id": "a/b", "audio": "a.wav"}, "not a file name"),
+        ({"id": "..", "audio": "a.wav"}, "starts with '.'"),
+        ({"id": ".hidden", "audio": "a.wav"}, "starts with '.'"),
+        ({"id": "", "audio": "a.wav"}, "empty id"),
+        ({"id": "x" * 300, "audio": "a.wav"}, "longer than"),
+        ({"id": True, "audio": "a.wav"}, '"id" must be'),
+        ({"id": "a", "audio": "a.wav", "text": 5}, '"text" must be'),
+        (["a", "a.wav"], "JSON object"),
+    ],
+)
 def test_manifest_refuses_bad_lines(tmp_path, entry, message):
     manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "ok", "audio": "ok.wav"}, entry])
     with pytest.raises(ManifestError, match=f"m.jsonl:2: .*{message}"):
@@ -85,8 +91,19 @@ def test_cli_bad_manifest_is_one_line_and_exit_2(tmp_path):
     """Checked before Ray or an engine starts: fails in a moment, nothing written."""
     manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "a/b", "audio": "x.wav"}])
     result = subprocess.run(
-        [sys.executable, "-m", "vllm_whisper_align.cli", "batch", "--manifest", str(manifest),
-         "--output-dir", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "vllm_whisper_align.cli",
+            "batch",
+            "--manifest",
+            str(manifest),
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("vllm-whisper-align")]
@@ -96,8 +113,10 @@ def test_cli_bad_manifest_is_one_line_and_exit_2(tmp_path):
 
 def test_without_ray_one_line_names_the_extra(tmp_path):
     manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "a", "audio": "x.wav"}])
-    code = ("import sys; sys.modules['ray'] = None; from vllm_whisper_align import cli; "
-            f"sys.exit(cli.main(['batch', '--manifest', {str(manifest)!r}, '--output-dir', 'out']))")
+    code = (
+        "import sys; sys.modules['ray'] = None; from vllm_whisper_align import cli; "
+        f"sys.exit(cli.main(['batch', '--manifest', {str(manifest)!r}, '--output-dir', 'out']))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "pip install 'vllm-whisper-align[batch]'" in result.stderr.splitlines()[-1], result.stderr
@@ -124,13 +143,17 @@ def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
     batch.write_atomically(tmp_path / "b.json", json.dumps({"duration": 1.0, "words": []}))
     batch.write_atomically(tmp_path / "e.json", json.dumps({"duration": 4.0, "words": [{}]}))
     (tmp_path / "summary.jsonl").write_text(
-        json.dumps({"id": "e", "status": "error", "run": "r0"}) + "\n"  # failed once, done since
-        + json.dumps({"id": "b", "status": "ok", "run": "r0"}) + "\n" + '{"id": "a", "sta'  # killed mid-row
+        json.dumps({"id": "e", "status": "error", "run": "r0"})
+        + "\n"  # failed once, done since
+        + json.dumps({"id": "b", "status": "ok", "run": "r0"})
+        + "\n"
+        + '{"id": "a", "sta'  # killed mid-row
     )
     rows = batch.read_summary(tmp_path / "summary.jsonl")
     recovered = batch.recover_rows(tmp_path, {"a", "b", "e"}, rows)
     assert [(r["id"], r["audio_seconds"], r["words"], r["recovered"]) for r in recovered] == [
-        ("a", 2.5, 2, True), ("e", 4.0, 1, True)
+        ("a", 2.5, 2, True),
+        ("e", 4.0, 1, True),
     ]
     recovered = recovered[:1]
     with batch.Summary(tmp_path, "r1") as summary:
@@ -139,7 +162,10 @@ def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
         summary.append({"id": "c", "status": "error", "error": "AudioError: no such file"})
     rows = batch.read_summary(tmp_path / "summary.jsonl")
     assert [(r["id"], r["status"], r["run"]) for r in rows] == [
-        ("e", "error", "r0"), ("b", "ok", "r0"), ("a", "ok", "r1"), ("c", "error", "r1")
+        ("e", "error", "r0"),
+        ("b", "ok", "r0"),
+        ("a", "ok", "r1"),
+        ("c", "error", "r1"),
     ]
     assert batch.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
 
@@ -167,22 +193,37 @@ class FakeService:
 def test_one_failing_item_fails_alone(tmp_path):
     audio = tmp_path / "a.wav"
     write_wav(audio, sentence_clips()[1].samples[:16000])
-    items = [Item("t1", str(audio)), Item("t2", str(audio), language="fr"),
-             Item("missing", str(tmp_path / "no.wav")),
-             Item("a1", str(audio), text="one two"), Item("a2", str(audio), text="bad!"),
-             Item("a3", str(audio), text="three"), Item("done", str(audio))]
+    items = [
+        Item("t1", str(audio)),
+        Item("t2", str(audio), language="fr"),
+        Item("missing", str(tmp_path / "no.wav")),
+        Item("a1", str(audio), text="one two"),
+        Item("a2", str(audio), text="bad!"),
+        Item("a3", str(audio), text="three"),
+        Item("done", str(audio)),
+    ]
     (tmp_path / "done.json").write_text("{}")
     service = FakeService()
     rows = asyncio.run(batch.process_batch(service, items, JobOptions(str(tmp_path), language="en")))
     assert [(r["id"], r["status"]) for r in rows] == [
-        ("t1", "ok"), ("t2", "ok"), ("missing", "error"), ("a1", "ok"), ("a2", "error"), ("a3", "ok"),
+        ("t1", "ok"),
+        ("t2", "ok"),
+        ("missing", "error"),
+        ("a1", "ok"),
+        ("a2", "error"),
+        ("a3", "ok"),
         ("done", "skipped"),
     ]
     assert "no such file" in rows[2]["error"] and "does not fit" in rows[4]["error"]
     assert rows[3]["words"] == 2 and rows[0]["audio_seconds"] == 1.0 and rows[1]["language"] == "fr"
     # one request each, the item's language over the job's; neither the missing file nor the done item
-    assert sorted(service.calls) == [("align", "a1", "en"), ("align", "a2", "en"), ("align", "a3", "en"),
-                                     ("transcribe", "t1", "en"), ("transcribe", "t2", "fr")]
+    assert sorted(service.calls) == [
+        ("align", "a1", "en"),
+        ("align", "a2", "en"),
+        ("align", "a3", "en"),
+        ("transcribe", "t1", "en"),
+        ("transcribe", "t2", "fr"),
+    ]
     assert json.loads((tmp_path / "a1.json").read_text())["words"] == ["one", "two"]
     assert not (tmp_path / "a2.json").exists() and (tmp_path / "done.json").read_text() == "{}"
     assert not list(tmp_path.glob(".*.tmp"))
@@ -233,7 +274,12 @@ def start_cli(*args: str, mark: str, **popen) -> subprocess.Popen:
     env = dict(os.environ, **{MARK: mark})
     return subprocess.Popen(
         [sys.executable, "-m", "vllm_whisper_align.cli", "batch", *args, *ENGINE_OPTIONS],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **popen,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **popen,
     )
 
 
@@ -276,12 +322,15 @@ def assert_words_match(result: dict, clip) -> None:
 
 def test_corpus_job_end_to_end(corpus, tmp_path):
     folder, clips = corpus
-    manifest = write_manifest(folder / "e2e.jsonl", [
-        {"id": "plain", "audio": "clip1.wav"},
-        {"id": "by uri", "audio": (folder / "clip4.wav").as_uri(), "language": "en"},
-        {"id": "aligned", "audio": "clip2.wav", "text": clips[2].text},
-        {"id": "broken", "audio": "notes.wav"},
-    ])
+    manifest = write_manifest(
+        folder / "e2e.jsonl",
+        [
+            {"id": "plain", "audio": "clip1.wav"},
+            {"id": "by uri", "audio": (folder / "clip4.wav").as_uri(), "language": "en"},
+            {"id": "aligned", "audio": "clip2.wav", "text": clips[2].text},
+            {"id": "broken", "audio": "notes.wav"},
+        ],
+    )
     out = tmp_path / "out"
     mark = uuid.uuid4().hex
     process = start_cli("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "2", mark=mark)
@@ -297,11 +346,18 @@ def test_corpus_job_end_to_end(corpus, tmp_path):
     assert [w["word"].strip() for w in aligned["words"]] == clips[2].text.split()
     assert all(w["aligned"] for w in aligned["words"])
     assert sorted(p.name for p in out.iterdir()) == [
-        "aligned.json", "by uri.json", "plain.json", "summary.jsonl"
+        "aligned.json",
+        "by uri.json",
+        "plain.json",
+        "summary.jsonl",
     ]
     rows = {row["id"]: row for row in batch.read_summary(out / "summary.jsonl")}
-    assert {i: r["status"] for i, r in rows.items()} == {"plain": "ok", "by uri": "ok", "aligned": "ok",
-                                                         "broken": "error"}
+    assert {i: r["status"] for i, r in rows.items()} == {
+        "plain": "ok",
+        "by uri": "ok",
+        "aligned": "ok",
+        "broken": "error",
+    }
     assert "notes.wav" in rows["broken"]["error"] and "AudioError" in rows["broken"]["error"]
     assert rows["aligned"]["words"] == len(clips[2].words)
     assert rows["plain"]["audio_seconds"] == pytest.approx(clips[1].duration, abs=1e-3)
@@ -314,9 +370,9 @@ def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
     folder, clips = corpus
     ids = [f"item{n}" for n in range(8)]
     sources = ["clip1.wav", "clip4.wav"]  # transcribed well by tiny.en (as in test_cli)
-    manifest = write_manifest(folder / "resume.jsonl", [
-        {"id": item_id, "audio": sources[n % 2]} for n, item_id in enumerate(ids)
-    ])
+    manifest = write_manifest(
+        folder / "resume.jsonl", [{"id": item_id, "audio": sources[n % 2]} for n, item_id in enumerate(ids)]
+    )
     out = tmp_path / "out"
     args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "1")
     first_mark = uuid.uuid4().hex

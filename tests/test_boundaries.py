@@ -18,8 +18,12 @@ def continuous_clips():
     """The eight test sentences spoken without pauses, four voices, four rates, two with noise."""
     return [
         synthesize_sentence(
-            sentence[0].upper() + sentence[1:] + ".", VOICES[i % 4], RATES[(i // 2) % 4],
-            lead_s=0.3 + 0.1 * (i % 3), noise_db=-40.0 if i % 4 == 3 else None, seed=i,
+            sentence[0].upper() + sentence[1:] + ".",
+            VOICES[i % 4],
+            RATES[(i // 2) % 4],
+            lead_s=0.3 + 0.1 * (i % 3),
+            noise_db=-40.0 if i % 4 == 3 else None,
+            seed=i,
         )
         for i, sentence in enumerate(SENTENCES)
     ]
@@ -55,9 +59,11 @@ def test_forced_alignment_of_continuous_speech(aligner, continuous_clips):
     texts = [clip.text for clip in continuous_clips]
     auto = aligner.align(audio, texts)
     fixed = aligner.align(audio, texts, alignment_method="fixed")
-    print(f"\ncontinuous, forced: auto {within(continuous_clips, auto, 0.05):.0%} / "
-          f"{within(continuous_clips, auto, 0.10):.0%} within 50 / 100 ms; fixed "
-          f"{within(continuous_clips, fixed, 0.05):.0%} / {within(continuous_clips, fixed, 0.10):.0%}")
+    print(
+        f"\ncontinuous, forced: auto {within(continuous_clips, auto, 0.05):.0%} / "
+        f"{within(continuous_clips, auto, 0.10):.0%} within 50 / 100 ms; fixed "
+        f"{within(continuous_clips, fixed, 0.05):.0%} / {within(continuous_clips, fixed, 0.10):.0%}"
+    )
     assert within(continuous_clips, auto, 0.05) >= 0.45
     assert within(continuous_clips, auto, 0.10) >= 0.80
     # the fixed heads (openai-whisper's way) are far behind on speech without pauses
@@ -66,8 +72,10 @@ def test_forced_alignment_of_continuous_speech(aligner, continuous_clips):
 
 def test_transcription_of_continuous_speech(aligner, continuous_clips):
     results = aligner.transcribe([clip.samples for clip in continuous_clips], language="en")
-    print(f"\ncontinuous, transcribed: {heard_within(continuous_clips, results, 0.05):.0%} / "
-          f"{heard_within(continuous_clips, results, 0.10):.0%} of heard words within 50 / 100 ms")
+    print(
+        f"\ncontinuous, transcribed: {heard_within(continuous_clips, results, 0.05):.0%} / "
+        f"{heard_within(continuous_clips, results, 0.10):.0%} of heard words within 50 / 100 ms"
+    )
     assert heard_within(continuous_clips, results, 0.05) >= 0.40
     assert heard_within(continuous_clips, results, 0.10) >= 0.75
 
@@ -77,8 +85,10 @@ def test_speech_with_pauses_is_not_worse(aligner):
     audio, texts = [clip.samples for clip in clips], [clip.text for clip in clips]
     auto = aligner.align(audio, texts)
     fixed = aligner.align(audio, texts, alignment_method="fixed")
-    print(f"\npauses, forced: auto {within(clips, auto, 0.05):.0%} / {within(clips, auto, 0.2):.0%} within "
-          f"50 / 200 ms; fixed {within(clips, fixed, 0.05):.0%} / {within(clips, fixed, 0.2):.0%}")
+    print(
+        f"\npauses, forced: auto {within(clips, auto, 0.05):.0%} / {within(clips, auto, 0.2):.0%} within "
+        f"50 / 200 ms; fixed {within(clips, fixed, 0.05):.0%} / {within(clips, fixed, 0.2):.0%}"
+    )
     assert within(clips, auto, 0.2) >= 0.88
     assert within(clips, auto, 0.05) >= within(clips, fixed, 0.05) - 0.02
 

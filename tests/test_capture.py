@@ -30,6 +30,7 @@ def make_capture(**options) -> AlignmentCapture:
 def step(new=(), cached=(), finished=(), encoder=()) -> SimpleNamespace:
     """new: (req_id, params, tokens) admitted now; cached: (req_id, computed, tokens) running on.
     params: AlignmentParams, NoSpeechParams, a tuple of both, or None."""
+
     def extra_args(params):
         merged = None
         for p in params if isinstance(params, tuple) else (params,):
@@ -45,8 +46,9 @@ def step(new=(), cached=(), finished=(), encoder=()) -> SimpleNamespace:
     scheduled = {r: n for r, _, n in new} | {r: n for r, _, n in cached}
     output = SimpleNamespace(
         scheduled_new_reqs=new_reqs,
-        scheduled_cached_reqs=SimpleNamespace(req_ids=[r for r, _, _ in cached],
-                                              num_computed_tokens=[c for _, c, _ in cached]),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[r for r, _, _ in cached], num_computed_tokens=[c for _, c, _ in cached]
+        ),
         num_scheduled_tokens=scheduled,
         total_num_scheduled_tokens=sum(scheduled.values()),
         scheduled_encoder_inputs={r: [0] for r in encoder},
@@ -72,9 +74,16 @@ def test_fetch_returns_the_rows_sent_and_frees_everything():
     # heads x [sot, no_timestamps, 3 text rows] (the eot row was never fed) x num_frames // 2
     assert answer["shape"] == [1, min(params.rows_sent(3), 1 + 1 + 3), 4], answer
     assert capture.stats() | {"slot_bytes": 0, "slot_resident_bytes": 0} == {
-        "tracked": 0, "parked": 0, "slots": 4, "free_slots": 4, "slot_bytes": 0, "slot_resident_bytes": 0,
+        "tracked": 0,
+        "parked": 0,
+        "slots": 4,
+        "free_slots": 4,
+        "slot_bytes": 0,
+        "slot_resident_bytes": 0,
         "parked_bytes": 0,
-        "no_speech_pending": 0, "no_speech_parked": 0, "most_encoder_inputs_per_step": 1,
+        "no_speech_pending": 0,
+        "no_speech_parked": 0,
+        "most_encoder_inputs_per_step": 1,
     }
 
 
@@ -105,8 +114,9 @@ def test_slot_pages_go_back_only_when_no_request_holds_one():
     """An idle engine hands the pool's pages back (stats count what stays resident); never while a
     request's rows are in it."""
     rows = 4096  # slots big enough to span whole pages
-    layer = SimpleNamespace(capture_heads=[0], captured_q=torch.zeros((32, 1, 64)),
-                            captured_k=torch.ones((2 * rows, 1, 64)))
+    layer = SimpleNamespace(
+        capture_heads=[0], captured_q=torch.zeros((32, 1, 64)), captured_k=torch.ones((2 * rows, 1, 64))
+    )
     capture = AlignmentCapture([layer], 64, MAX_ROWS, rows, max_requests=2)
     params = AlignmentParams.for_prompt(num_frames=8, num_previous=0, num_start=2)
     run_request(capture, "r1", params, text_tokens=2)

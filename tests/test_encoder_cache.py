@@ -15,10 +15,12 @@ def features(seed: int) -> torch.Tensor:
 
 def encoder(calls: list[int]):
     """A stand-in encoder that records how many inputs each call got."""
+
     def encode(batch: list[torch.Tensor]) -> list[torch.Tensor]:
         calls.append(len(batch))
         outputs = torch.stack([f[:, :1500].sum(0, keepdim=True).T.repeat(1, 8) for f in batch])
         return list(outputs.unbind(0))  # views of one batch tensor, as vLLM's encoder returns
+
     return encode
 
 
@@ -45,8 +47,12 @@ def test_encoder_runs_once_per_distinct_input():
     third = encode_with_cache(cache, [features(2), a], encoder(calls))
     assert calls == [2, 1]
     assert torch.equal(third[1], first[0])
-    assert cache.stats() == {"encoder_cache_hits": 3, "encoder_cache_misses": 4,  # a, b, a, then 2
-                             "encoder_cache_entries": 3, "encoder_cache_bytes": 3 * WINDOW_BYTES}
+    assert cache.stats() == {
+        "encoder_cache_hits": 3,
+        "encoder_cache_misses": 4,  # a, b, a, then 2
+        "encoder_cache_entries": 3,
+        "encoder_cache_bytes": 3 * WINDOW_BYTES,
+    }
 
 
 def test_outputs_are_copies_not_views_of_the_batch():

@@ -31,7 +31,7 @@ def reference_words(reference, samples, text_tokens):
         torch.from_numpy(samples), model.dims.n_mels, padding=whisper.audio.N_SAMPLES
     )
     num_frames = len(samples) // whisper.audio.HOP_LENGTH
-    mel = mel[:, :whisper.audio.N_FRAMES]
+    mel = mel[:, : whisper.audio.N_FRAMES]
     return find_alignment(model, tokenizer, text_tokens, mel, num_frames)
 
 
@@ -47,8 +47,11 @@ def test_forced_alignment_matches_openai_whisper(aligner, clips, reference):
         # Compare before punctuation merging and duration rules: the reference's raw words.
         ours_raw = [(t["start"], t["end"]) for t in _raw_word_times(result, aligner)]
         assert len(ours_raw) == len(ref_times)
-        diffs += [abs(a - b) for pair_a, pair_b in zip(ours_raw, ref_times, strict=True)
-                  for a, b in zip(pair_a, pair_b, strict=True)]
+        diffs += [
+            abs(a - b)
+            for pair_a, pair_b in zip(ours_raw, ref_times, strict=True)
+            for a, b in zip(pair_a, pair_b, strict=True)
+        ]
     diffs = np.array(diffs)
     assert (diffs <= 0.02 + 1e-6).mean() >= 0.99, f"max diff {diffs.max():.3f}s"
 
@@ -74,9 +77,9 @@ def test_transcription_word_starts_near_truth(aligner, clips):
     from speech import start_errors
 
     results = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
-    errors = np.concatenate([
-        start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)
-    ])
+    errors = np.concatenate(
+        [start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)]
+    )
     assert (errors <= 0.2).mean() >= 0.75, f"within 200 ms: {(errors <= 0.2).mean():.2%}"
 
 
@@ -85,10 +88,12 @@ def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
     transcribed = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
     token_ids = [[t["id"] for t in r["tokens"]] for r in transcribed]
     forced = aligner.align([c.samples for c in clips], token_ids=token_ids)
-    diffs = np.concatenate([
-        np.abs([t["start"] for t in a["tokens"]] - np.array([t["start"] for t in b["tokens"]]))
-        for a, b in zip(transcribed, forced, strict=True)
-    ])
+    diffs = np.concatenate(
+        [
+            np.abs([t["start"] for t in a["tokens"]] - np.array([t["start"] for t in b["tokens"]]))
+            for a, b in zip(transcribed, forced, strict=True)
+        ]
+    )
     within = (diffs <= 0.02 + 1e-6).mean()
     assert within >= 0.9, f"token starts within 20 ms: {within:.2%}"
 
@@ -115,8 +120,14 @@ def test_batched_requests_match_each_alone(aligner, clips):
 def test_mixed_alignment_in_one_generate_call(aligner, clips):
     """One generate() call where half the requests ask for alignment and half do not."""
     plans = [
-        plan_transcription(c.samples, aligner.tokens, language="en", word_timestamps=i % 2 == 0,
-                           suppress_tokens=aligner.suppress_tokens, fallback=FallbackOptions(**GREEDY))
+        plan_transcription(
+            c.samples,
+            aligner.tokens,
+            language="en",
+            word_timestamps=i % 2 == 0,
+            suppress_tokens=aligner.suppress_tokens,
+            fallback=FallbackOptions(**GREEDY),
+        )
         for i, c in enumerate(clips)
     ]
     results = aligner._run(plans, use_tqdm=False)
@@ -287,19 +298,31 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
     from vllm_whisper_align.decoding import FallbackOptions
 
     sampled = FallbackOptions(temperatures=(1.0,), best_of=5)
-    plan = plan_transcription(clips[2].samples, aligner.tokens, language="en", fallback=sampled,
-                              suppress_tokens=aligner.suppress_tokens)
+    plan = plan_transcription(
+        clips[2].samples,
+        aligner.tokens,
+        language="en",
+        fallback=sampled,
+        suppress_tokens=aligner.suppress_tokens,
+    )
     candidates = plan.windows[0].candidates()
-    alone = aligner.llm.generate([c.engine_prompt() for c in candidates],
-                                 [c.sampling_params for c in candidates])
+    alone = aligner.llm.generate(
+        [c.engine_prompt() for c in candidates], [c.sampling_params for c in candidates]
+    )
     outputs = [decoding.window_output(c, o, aligner.tokens) for c, o in zip(candidates, alone, strict=True)]
     texts = [aligner.tokens.decode(o.token_ids).strip() for o in outputs]
     assert len(set(texts)) > 1, texts  # otherwise the choice would not be tested
     best = max(range(len(outputs)), key=lambda i: decoding.sum_logprob_score(outputs[i]))
     aligner.discard([key for c in candidates for key in c.capture_keys()])
 
-    result = aligner.transcribe([clips[2].samples], language="en", temperature=1.0, best_of=5,
-                                logprob_threshold=None, compression_ratio_threshold=None)[0]
+    result = aligner.transcribe(
+        [clips[2].samples],
+        language="en",
+        temperature=1.0,
+        best_of=5,
+        logprob_threshold=None,
+        compression_ratio_threshold=None,
+    )[0]
     assert result["text"].strip() == texts[best], (texts, best)
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
@@ -316,15 +339,25 @@ def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips
     fall_back = decoding.fall_back
 
     def recorded(plan, outputs, just_run):
-        attempts.extend((plan.windows[i].temperature, outputs[i].token_ids, outputs[i].avg_logprob)
-                        for i in just_run)
+        attempts.extend(
+            (plan.windows[i].temperature, outputs[i].token_ids, outputs[i].avg_logprob) for i in just_run
+        )
         return fall_back(plan, outputs, just_run)
 
     def plan(temperatures, compression_ratio_threshold):
-        options = FallbackOptions(temperatures=temperatures, logprob_threshold=None,
-                                  compression_ratio_threshold=compression_ratio_threshold)
-        return plan_transcription(clips[3].samples, aligner.tokens, language="en", sampling={"seed": 7},
-                                  fallback=options, suppress_tokens=aligner.suppress_tokens)
+        options = FallbackOptions(
+            temperatures=temperatures,
+            logprob_threshold=None,
+            compression_ratio_threshold=compression_ratio_threshold,
+        )
+        return plan_transcription(
+            clips[3].samples,
+            aligner.tokens,
+            language="en",
+            sampling={"seed": 7},
+            fallback=options,
+            suppress_tokens=aligner.suppress_tokens,
+        )
 
     def cache_counts(before, after):
         return tuple(after[k] - before[k] for k in ("encoder_cache_misses", "encoder_cache_hits"))

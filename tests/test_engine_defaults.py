@@ -35,8 +35,10 @@ def test_dtype_follows_native_bf16():
 
 def test_cpu_flags_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
-                       "processor\t: 1\nflags\t\t: fpu\n")
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512_bf16\n\n"
+        "processor\t: 1\nflags\t\t: fpu\n"
+    )
     assert cpu_flags(cpuinfo) == {"fpu", "avx2", "avx512_bf16"}
     assert cpu_flags(tmp_path / "missing") == frozenset()
 
@@ -114,7 +116,14 @@ def test_user_kv_space_variable_wins(model_dir, monkeypatch):
 
 
 USER_SERVE_ARGV = [
-    "--port", "8000", "--dtype=auto", "--served-model-name", "mine", "-tp", "1", "--no-enforce-eager",
+    "--port",
+    "8000",
+    "--dtype=auto",
+    "--served-model-name",
+    "mine",
+    "-tp",
+    "1",
+    "--no-enforce-eager",
 ]
 
 

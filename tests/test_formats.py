@@ -199,8 +199,11 @@ def test_words_to_cues_time_limit_and_long_word():
 
 
 def test_words_to_cues_keeps_whisper_leading_spaces():
-    words = [{"word": " Hel", "start": 0.0, "end": 0.2}, {"word": "lo", "start": 0.2, "end": 0.4},
-             {"word": " world", "start": 0.5, "end": 0.9}]
+    words = [
+        {"word": " Hel", "start": 0.0, "end": 0.2},
+        {"word": "lo", "start": 0.2, "end": 0.4},
+        {"word": " world", "start": 0.5, "end": 0.9},
+    ]
     assert [cue.text for cue in words_to_cues(words)] == ["Hello world"]
 
 
@@ -269,10 +272,17 @@ def _reference_srt(segments_with_words, **options) -> str:
 
     from whisper.utils import WriteSRT
 
-    result = {"segments": [
-        {"start": ws[0]["start"], "end": ws[-1]["end"], "text": "".join(w["word"] for w in ws), "words": ws}
-        for ws in segments_with_words
-    ]}
+    result = {
+        "segments": [
+            {
+                "start": ws[0]["start"],
+                "end": ws[-1]["end"],
+                "text": "".join(w["word"] for w in ws),
+                "words": ws,
+            }
+            for ws in segments_with_words
+        ]
+    }
     out = io.StringIO()
     WriteSRT(".").write_result(result, out, options)
     return out.getvalue()
@@ -287,22 +297,31 @@ def _spoken_segments(seed: int) -> list[list[dict]]:
         for _ in range(rng.integers(1, 14)):
             t += float(rng.choice([0.05, 0.2, 0.6, 3.5], p=[0.5, 0.3, 0.15, 0.05]))
             duration = float(rng.uniform(0.1, 0.6))
-            words.append({"word": " " + str(rng.choice(vocabulary)), "start": round(t, 2),
-                          "end": round(t + duration, 2), "probability": 0.9})
+            words.append(
+                {
+                    "word": " " + str(rng.choice(vocabulary)),
+                    "start": round(t, 2),
+                    "end": round(t + duration, 2),
+                    "probability": 0.9,
+                }
+            )
             t += duration
         segments.append(words)
     return segments
 
 
 @pytest.mark.parametrize("seed", range(12))
-@pytest.mark.parametrize("options", [
-    {"max_line_width": 16, "max_line_count": 2},
-    {"max_line_width": 20},
-    {"max_line_count": 1},
-    {"max_words_per_line": 3},
-    {"max_line_width": 24, "max_line_count": 2, "max_words_per_line": 4, "highlight_words": True},
-    {"highlight_words": True},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_line_width": 16, "max_line_count": 2},
+        {"max_line_width": 20},
+        {"max_line_count": 1},
+        {"max_words_per_line": 3},
+        {"max_line_width": 24, "max_line_count": 2, "max_words_per_line": 4, "highlight_words": True},
+        {"highlight_words": True},
+    ],
+)
 def test_line_controls_lay_out_cues_as_openai_whisper(seed, options):
     """Our result shape (OpenAI's: words at the top level, segments without words) gives the cues
     openai-whisper's SRT writer gives for the same words in its shape."""

@@ -48,8 +48,12 @@ def _attention_logits(num_rows: int, num_frames: int, sharpness: float, seed: in
 
 def test_head_scores_rank_sharp_attention_above_diffuse_attention():
     rows, frames = 12, 200
-    qk = np.stack([_attention_logits(rows, frames, sharpness, seed)
-                   for seed, sharpness in enumerate((0.0, 50.0, 5.0, 500.0))])
+    qk = np.stack(
+        [
+            _attention_logits(rows, frames, sharpness, seed)
+            for seed, sharpness in enumerate((0.0, 50.0, 5.0, 500.0))
+        ]
+    )
     scores = timing.head_scores(qk, num_frames=2 * frames)
     assert list(np.argsort(-scores)) == [3, 1, 2, 0]
 

@@ -58,8 +58,15 @@ LAYOUTS = ("data-parallel-2", "two-hosts", "api-servers-2")
 def headless_engine(model: Path, log_path: Path, args: list[str], env: dict[str, str]):
     """`vllm-whisper-align serve MODEL --headless ...`: engines only, no API (the second host)."""
     command = [
-        str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", str(model), "--headless",
-        "--dtype", "float32", "--max-num-seqs", "32", *args,
+        str(Path(sys.executable).parent / "vllm-whisper-align"),
+        "serve",
+        str(model),
+        "--headless",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "32",
+        *args,
     ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_environment(env))
@@ -87,13 +94,23 @@ def layout(request, model_dir, tmp_path_factory):
             args, env = ["--api-server-count", "2"], {}
         else:
             wiring = [
-                "--data-parallel-size", "2", "--data-parallel-size-local", "1",
-                "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port", str(_free_port()),
+                "--data-parallel-size",
+                "2",
+                "--data-parallel-size-local",
+                "1",
+                "--data-parallel-address",
+                "127.0.0.1",
+                "--data-parallel-rpc-port",
+                str(_free_port()),
             ]
-            stack.enter_context(headless_engine(
-                model_dir, log_dir / "headless.log", [*wiring, "--data-parallel-start-rank", "1"],
-                {"VLLM_CPU_OMP_THREADS_BIND": HEADLESS_CORES},
-            ))
+            stack.enter_context(
+                headless_engine(
+                    model_dir,
+                    log_dir / "headless.log",
+                    [*wiring, "--data-parallel-start-rank", "1"],
+                    {"VLLM_CPU_OMP_THREADS_BIND": HEADLESS_CORES},
+                )
+            )
             args, env = wiring, {"VLLM_CPU_OMP_THREADS_BIND": FRONT_CORES}
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
         yield Layout(base, log_dir / SERVER_LOG, engines=1 if request.param == "api-servers-2" else 2)
@@ -101,7 +118,8 @@ def layout(request, model_dir, tmp_path_factory):
 
 async def _transcribe(http: httpx.AsyncClient, base: str, audio: bytes) -> dict:
     response = await http.post(
-        f"{base}/v1/audio/transcriptions", files={"file": ("c.wav", audio, "audio/wav")},
+        f"{base}/v1/audio/transcriptions",
+        files={"file": ("c.wav", audio, "audio/wav")},
         data={"response_format": "verbose_json", "timestamp_granularities[]": ["word", "segment"]},
     )
     assert response.status_code == 200, response.text
@@ -110,7 +128,8 @@ async def _transcribe(http: httpx.AsyncClient, base: str, audio: bytes) -> dict:
 
 async def _align(http: httpx.AsyncClient, base: str, audio: bytes, text: str) -> dict:
     response = await http.post(
-        f"{base}/v1/audio/alignments", files={"file": ("c.wav", audio, "audio/wav")},
+        f"{base}/v1/audio/alignments",
+        files={"file": ("c.wav", audio, "audio/wav")},
         data={"text": text, "response_format": "verbose_json"},
     )
     assert response.status_code == 200, response.text
@@ -136,7 +155,8 @@ def assert_same_answer(single: dict, batched: dict) -> None:
     assert batched["text"] == single["text"]
     assert [w["word"] for w in batched["words"]] == [w["word"] for w in single["words"]]
     np.testing.assert_allclose(
-        [w["start"] for w in batched["words"]], [w["start"] for w in single["words"]],
+        [w["start"] for w in batched["words"]],
+        [w["start"] for w in single["words"]],
         atol=WORD_START_TOLERANCE_S + 1e-6,
     )
 
@@ -193,9 +213,9 @@ def test_disconnect_frees_the_capture_on_the_engine_that_held_it(layout):
     assert held == dict.fromkeys(HELD_STATS, 0)
 
 
-@pytest.mark.parametrize("flag, env", [
-    ("--grpc", {}), (None, {"VLLM_USE_RUST_FRONTEND": "1"}),
-], ids=["grpc", "rust-front-end"])
+@pytest.mark.parametrize(
+    "flag, env", [("--grpc", {}), (None, {"VLLM_USE_RUST_FRONTEND": "1"})], ids=["grpc", "rust-front-end"]
+)
 def test_front_ends_without_endpoint_plugins_are_refused_at_start(flag, env):
     """They would serve transcriptions without word timestamps: one clear line, before any engine."""
     command = [str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", *([flag] if flag else [])]

@@ -46,8 +46,12 @@ def test_words_match_their_heard_windows():
 def test_repeated_text_keeps_each_repetition_in_its_window():
     """The same sentences over and over (as tests/speech.py's long clips), heard with a few errors: a
     greedy longest-block matcher pairs a repetition with the next one and shifts everything after it."""
-    sentences = ["the cat sat on the warm mat", "please bring me a glass of cold water",
-                 "we walked to the park after lunch", "the train leaves at seven in the morning"]
+    sentences = [
+        "the cat sat on the warm mat",
+        "please bring me a glass of cold water",
+        "we walked to the park after lunch",
+        "the train leaves at seven in the morning",
+    ]
     text = " ".join(sentences * 6).split()
     rng = np.random.default_rng(3)
     per_window = 40
@@ -82,8 +86,11 @@ def test_misheard_words_follow_their_neighbours_by_proportion():
 def test_skipped_paragraph_is_aligned_nowhere():
     spoken_before, skipped, spoken_after = numbered("a", 25), numbered("s", 30), numbered("b", 25)
     given = words_of(f"{spoken_before} {skipped} {spoken_after}")
-    heard = heard_of(numbered("a", 20), numbered("a", 25)[len(numbered("a", 20)) :] + " " + numbered("b", 10),
-                     " ".join(f"b{i}" for i in range(10, 25)))
+    heard = heard_of(
+        numbered("a", 20),
+        numbered("a", 25)[len(numbered("a", 20)) :] + " " + numbered("b", 10),
+        " ".join(f"b{i}" for i in range(10, 25)),
+    )
     split = longform.split_text(given, heard)
     np.testing.assert_array_equal(split.aligned, np.r_[np.ones(25), np.zeros(30), np.ones(25)].astype(bool))
     forced = {int(i) for w in range(3) for i in split.share(w)}
@@ -238,8 +245,9 @@ def fake_body(split, window: int, plan, first_start: float, spacing: float, prob
         end = time + spacing / 2
         words.append({"word": text, "start": time, "end": end, "probability": probability})
         for token in word_tokens:
-            token_list.append({"id": token, "text": "", "start": time, "end": end,
-                               "probability": probability})
+            token_list.append(
+                {"id": token, "text": "", "start": time, "end": end, "probability": probability}
+            )
         time += spacing
     return {"text": "", "words": words, "tokens": token_list, "segments": []}
 
@@ -250,9 +258,7 @@ def test_finish_returns_every_word_in_order(tokens):
     skipped = " ".join(["never said"] * 8)
     text = f"{spoken[0]}. {skipped}. {spoken[1]}. {spoken[2]}."
     bodies = [{"text": s} for s in spoken]
-    split, aligned_plans = longform.alignment_plans(
-        plans, bodies, tokens, given_of(tokens, text), "en"
-    )
+    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
     assert all(p.windows[0].offset == h.windows[0].offset for p, h in zip(aligned_plans, plans, strict=True))
     results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
     body = finished(split, aligned_plans, results, tokens)
@@ -322,8 +328,9 @@ def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
     assert kinds[:4] == ["given"] * 4 and kinds[4:11] == ["filler"] * 7 and set(kinds[11:]) <= {"given"}
     forced = aligned_plans[0].windows[0].forced_tokens
     assert forced == [t for _, word_tokens in items for t in word_tokens]
-    results = [fake_body(split, w, p, 1.0, 0.5) if p is not None else None
-               for w, p in enumerate(aligned_plans)]
+    results = [
+        fake_body(split, w, p, 1.0, 0.5) if p is not None else None for w, p in enumerate(aligned_plans)
+    ]
     body = finished(split, aligned_plans, results, tokens)
     assert "".join(w["word"] for w in body["words"]).strip() == text
     assert all(w["aligned"] for w in body["words"])
@@ -335,8 +342,9 @@ def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
 def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
     plans = heard_plans(tokens, 70)
     rng = np.random.default_rng(0)  # a long aside of made-up words, far over the context (no loop)
-    aside = " ".join("".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(3, 8)))
-                     for _ in range(200))
+    aside = " ".join(
+        "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(3, 8))) for _ in range(200)
+    )
     bodies = [{"text": f"alpha beta {aside} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
     text = "alpha beta gamma delta epsilon zeta eta theta"
     split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
@@ -407,7 +415,8 @@ def prefix_case(tokens):
     spoken = [numbered("alpha", 12), numbered("beta", 12), numbered("gamma", 12)]
     given = longform.text_words(tokens.encode(" " + " ".join(spoken)), tokens, "en")
     placed = longform.place_prefixes(
-        [w.key for w in given], [[normalise(w) for w in s.split()[:6]] for s in spoken],
+        [w.key for w in given],
+        [[normalise(w) for w in s.split()[:6]] for s in spoken],
         np.array([p.windows[0].duration for p in plans]),
     )
     split = longform.prefix_split(given, *placed)
@@ -446,8 +455,9 @@ def test_text_the_model_does_not_hear_fails_the_windows_that_keep_it(prefix_case
 
 def test_a_word_spanning_an_aside_fails_its_window(prefix_case):
     split, plans, num_tokens = prefix_case
-    bodies = [ranked_body(split, w, p, [1] * n)
-              for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
+    bodies = [
+        ranked_body(split, w, p, [1] * n) for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))
+    ]
     assert unheard(split, plans, bodies) == []
     bodies[2]["words"][3]["end"] = bodies[2]["words"][3]["start"] + longform.MAX_WORD_SECONDS + 0.5
     assert unheard(split, plans, bodies) == [2]
@@ -455,8 +465,9 @@ def test_a_word_spanning_an_aside_fails_its_window(prefix_case):
 
 def test_a_window_without_a_result_fails(prefix_case):
     split, plans, num_tokens = prefix_case
-    bodies = [ranked_body(split, w, p, [1] * n)
-              for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))]
+    bodies = [
+        ranked_body(split, w, p, [1] * n) for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))
+    ]
     bodies[1] = None
     assert unheard(split, plans, bodies) == [1]
 
@@ -483,8 +494,14 @@ class FakeEngine:
     except for ``unheard`` words before the full pass, else of rank 7 and probability 0.01. Records
     the windows each step ran."""
 
-    def __init__(self, tokens, windows: list, spoken: list[str], unheard: set[str] = frozenset(),
-                 skipped_start: dict[int, int] | None = None):
+    def __init__(
+        self,
+        tokens,
+        windows: list,
+        spoken: list[str],
+        unheard: set[str] = frozenset(),
+        skipped_start: dict[int, int] | None = None,
+    ):
         self.tokens, self.spoken, self.unheard = tokens, spoken, unheard
         self.skipped_start = skipped_start or {}
         self.offsets = [w.offset for w in windows]
@@ -498,7 +515,7 @@ class FakeEngine:
             window = self.offsets.index(plan.windows[0].offset)
             if plan.windows[0].forced_tokens is None:
                 heard.append(window)
-                words = self.spoken[window].split()[self.skipped_start.get(window, 0):]
+                words = self.spoken[window].split()[self.skipped_start.get(window, 0) :]
                 bodies.append({"text": " ".join(words[: 6 if short else None])})
             else:
                 forced.append(window)
@@ -513,8 +530,15 @@ class FakeEngine:
         for word in words:
             heard = word.key in held and not (short and word.key in self.unheard)
             for token in word.tokens:
-                entries.append({"id": token, "text": "", "start": time, "end": time + 0.2,
-                                "probability": probability if word.key in held else 0.01})
+                entries.append(
+                    {
+                        "id": token,
+                        "text": "",
+                        "start": time,
+                        "end": time + 0.2,
+                        "probability": probability if word.key in held else 0.01,
+                    }
+                )
                 ranks.append(1 if heard else 7)
             time += 0.3
         return {"text": "", "words": [], "tokens": entries, "segments": [], "token_ranks": ranks}
@@ -555,8 +579,13 @@ def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, f
     engine = FakeEngine(tokens, windows, spoken, unheard={f"delta{i}" for i in range(12)})
     text = " ".join(spoken)
     body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
-    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]),
-                            ("z", [], [4, 2]), ("h", [2, 3, 4], []), ("a", [], [4, 3, 2])]
+    assert engine.steps == [
+        ("p0-", [0, 1, 2, 3, 4], []),
+        ("p1-", [], [0, 1, 2, 3, 4]),
+        ("z", [], [4, 2]),
+        ("h", [2, 3, 4], []),
+        ("a", [], [4, 3, 2]),
+    ]
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text
     assert all(w["aligned"] for w in words)
@@ -575,8 +604,7 @@ def test_a_start_placed_late_is_mended_by_sharing_its_boundary(tokens, five_wind
     engine = FakeEngine(tokens, windows, spoken, skipped_start={3: 5})
     text = " ".join(spoken)
     body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
-    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]),
-                            ("z", [], [3])]
+    assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]), ("z", [], [3])]
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text
     assert all(w["aligned"] and w["probability"] == pytest.approx(0.9) for w in words)
@@ -591,11 +619,17 @@ def test_the_short_pass_forces_each_block_while_the_next_is_heard(tokens, five_w
     The words are those of the recording run in one block."""
     samples, windows, spoken = five_windows
     text = " ".join(spoken)
-    whole = drive(FakeEngine(tokens, windows, spoken),
-                  longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    whole = drive(
+        FakeEngine(tokens, windows, spoken),
+        longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []),
+    )
     monkeypatch.setattr(longform, "PASS_BLOCK_WINDOWS", 2)
     engine = FakeEngine(tokens, windows, spoken)
     blocked = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
-    assert engine.steps == [("p0-", [0, 1], []), ("p1-", [2, 3], [0]), ("p2-", [4], [1, 2]),
-                            ("p3-", [], [3, 4])]
+    assert engine.steps == [
+        ("p0-", [0, 1], []),
+        ("p1-", [2, 3], [0]),
+        ("p2-", [4], [1, 2]),
+        ("p3-", [], [3, 4]),
+    ]
     assert blocked["words"] == whole["words"]

@@ -67,10 +67,12 @@ def check_long_form(aligner, clip: SpokenClip, label: str) -> np.ndarray:
     reference = window_by_window(aligner, clip)
     starts = np.array(clip.starts)
     first, last = errors[starts < 60].mean(), errors[starts > clip.duration - 60].mean()
-    print(f"\n{label}: {clip.duration:.0f} s, {len(errors)} words; "
-          f"start MAE long form {errors.mean():.3f} s, "
-          f"window by window {reference.mean():.3f} s; first minute {first:.3f} s, "
-          f"last minute {last:.3f} s")
+    print(
+        f"\n{label}: {clip.duration:.0f} s, {len(errors)} words; "
+        f"start MAE long form {errors.mean():.3f} s, "
+        f"window by window {reference.mean():.3f} s; first minute {first:.3f} s, "
+        f"last minute {last:.3f} s"
+    )
     assert errors.mean() <= MAE_TOLERANCE * reference.mean()
     assert last <= first + DRIFT_TOLERANCE_S
     return errors
@@ -84,8 +86,10 @@ def test_continuous_speech(aligner):
     check_long_form(aligner, continuous_clip(360), "continuous speech")
 
 
-PARAGRAPH = ("In the first chapter the author describes at some length how the northern villages "
-             "prepared for the long winter months ahead of them")
+PARAGRAPH = (
+    "In the first chapter the author describes at some length how the northern villages "
+    "prepared for the long winter months ahead of them"
+)
 
 
 def test_skipped_paragraph_is_flagged_and_does_not_drag(aligner):
@@ -118,8 +122,10 @@ def test_skipped_paragraph_is_flagged_and_does_not_drag(aligner):
     starts = np.array([w["start"] for w in words])[~paragraph]
     others = np.abs(starts - np.array(clip.starts))[spoken_flags]
     reference = start_errors_in_order(clip, plain)[spoken_flags]
-    print(f"\nskipped paragraph: {(~spoken_flags).sum()} spoken words flagged with it; start MAE of the "
-          f"other spoken words {others.mean():.3f} s (text without the paragraph: {reference.mean():.3f} s)")
+    print(
+        f"\nskipped paragraph: {(~spoken_flags).sum()} spoken words flagged with it; start MAE of the "
+        f"other spoken words {others.mean():.3f} s (text without the paragraph: {reference.mean():.3f} s)"
+    )
     # The words next to the paragraph that were heard but not flagged may still be pulled by it (the
     # README's failure modes): at most two, and they may not cost the rest more than 50 ms of MAE.
     assert (others > 0.5).sum() <= MAX_DRAGGED

@@ -14,8 +14,13 @@ from vllm_whisper_align import memory
 
 
 def run_python(code: str, **env: str) -> str:
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.strip()
 
@@ -41,13 +46,16 @@ def test_a_triton_with_a_cpu_backend_stays(tmp_path):
     package = tmp_path / "triton"
     (package / "backends" / "cpu").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    out = run_python("""
+    out = run_python(
+        """
         import sys
         from vllm_whisper_align import memory
         memory.vllm_is_cpu_build = lambda: True
         hidden = memory.hide_triton_without_cpu_backend()
         print(memory.triton_has_cpu_backend(), hidden, sys.modules.get("triton", 0))
-    """, PYTHONPATH=f"{tmp_path}:{':'.join(sys.path)}")
+    """,
+        PYTHONPATH=f"{tmp_path}:{':'.join(sys.path)}",
+    )
     assert out == "True False 0"
 
 
@@ -81,6 +89,6 @@ def test_released_pages_leave_ram_and_read_as_zeros():
     assert 63 * mmap.PAGESIZE <= released <= 64 * mmap.PAGESIZE
     assert memory.resident_bytes(address, nbytes) == 0
     first = -(-address // mmap.PAGESIZE) * mmap.PAGESIZE - address  # first byte of a whole page
-    assert (buffer[:first] == 7).all() and (buffer[first: first + released] == 0).all()
-    assert (buffer[first + released:] == 7).all()
+    assert (buffer[:first] == 7).all() and (buffer[first : first + released] == 0).all()
+    assert (buffer[first + released :] == 7).all()
     assert memory.release_pages(address, mmap.PAGESIZE - 1) == 0  # no whole page: nothing

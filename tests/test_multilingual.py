@@ -34,7 +34,9 @@ def wav(clip) -> bytes:
 def test_detects_language_and_gives_words(base_client):
     clip = sentence_clips()[1]
     result = base_client.audio.transcriptions.create(
-        model="whisper-base", file=("c.wav", wav(clip)), response_format="verbose_json",
+        model="whisper-base",
+        file=("c.wav", wav(clip)),
+        response_format="verbose_json",
         timestamp_granularities=["word"],
     )
     assert result.language == "en"
@@ -47,12 +49,15 @@ def test_detects_language_and_gives_words(base_client):
 def test_explicit_language_and_translation(base_client):
     clip = sentence_clips()[5]
     given = base_client.audio.transcriptions.create(
-        model="whisper-base", file=("c.wav", wav(clip)), language="en", response_format="verbose_json",
+        model="whisper-base",
+        file=("c.wav", wav(clip)),
+        language="en",
+        response_format="verbose_json",
         timestamp_granularities=["word"],
     )
     assert given.words and given.language == "en"
     translated = base_client.audio.translations.create(
-        model="whisper-base", file=("c.wav", wav(clip)), response_format="verbose_json",
+        model="whisper-base", file=("c.wav", wav(clip)), response_format="verbose_json"
     )
     assert translated.text.strip()
     with pytest.raises(openai.BadRequestError):

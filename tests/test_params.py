@@ -45,8 +45,15 @@ def test_alignment_params_validate():
 
 
 def test_whisper_constants_are_the_references():
-    for name in ("SAMPLE_RATE", "N_FFT", "HOP_LENGTH", "N_SAMPLES", "N_FRAMES", "N_SAMPLES_PER_TOKEN",
-                 "TOKENS_PER_SECOND"):
+    for name in (
+        "SAMPLE_RATE",
+        "N_FFT",
+        "HOP_LENGTH",
+        "N_SAMPLES",
+        "N_FRAMES",
+        "N_SAMPLES_PER_TOKEN",
+        "TOKENS_PER_SECOND",
+    ):
         assert getattr(audio, name) == getattr(whisper.audio, name), name
     assert audio.CHUNK_SECONDS == whisper.audio.CHUNK_LENGTH
     assert timing.TOKENS_PER_SECOND == whisper.timing.TOKENS_PER_SECOND

@@ -125,8 +125,12 @@ def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
     # (text token logprobs, eot logprob): a short confident text, a long one, a short improbable one.
     drafts = [([-0.5, -0.5], -0.1), ([-0.3] * 10, -0.2), ([-2.0], -0.5)]
     outputs = [
-        WindowOutput(list(range(len(lps))), lps, avg_logprob=(sum(lps) + eot) / (len(lps) + 1),
-                     no_speech_prob=0.3 if i == 0 else 0.0)
+        WindowOutput(
+            list(range(len(lps))),
+            lps,
+            avg_logprob=(sum(lps) + eot) / (len(lps) + 1),
+            no_speech_prob=0.3 if i == 0 else 0.0,
+        )
         for i, (lps, eot) in enumerate(drafts)
     ]
     ranked = MaximumLikelihoodRanker(None).rank(
@@ -156,8 +160,12 @@ def test_no_speech_row_is_after_the_previous_text(tokens):
 
 
 def test_bad_options_are_refused(tokens):
-    for options in (FallbackOptions(no_speech_threshold=1.5), FallbackOptions(logprob_threshold=float("nan")),
-                    FallbackOptions(compression_ratio_threshold=-1), FallbackOptions.starting_at(-0.2)):
+    for options in (
+        FallbackOptions(no_speech_threshold=1.5),
+        FallbackOptions(logprob_threshold=float("nan")),
+        FallbackOptions(compression_ratio_threshold=-1),
+        FallbackOptions.starting_at(-0.2),
+    ):
         with pytest.raises(ValueError):
             options.validate()
 
@@ -180,12 +188,14 @@ def test_characters_are_for_forced_alignment_of_one_window(tokens):
     from vllm_whisper_align import longform
 
     with pytest.raises(ValueError, match="forced alignment"):
-        decoding.plan_transcription(np.zeros(16000, dtype=np.float32), tokens, language="en",
-                                    alignment_method="characters")
+        decoding.plan_transcription(
+            np.zeros(16000, dtype=np.float32), tokens, language="en", alignment_method="characters"
+        )
     with pytest.raises(decoding.AlignmentInputError, match="at most 30 s"):
         longform.check_method("characters")
     longform.check_method("auto")
     too_long = "word " * 300  # 1500 characters: over the decoder's 448 tokens
     with pytest.raises(decoding.AlignmentInputError, match="characters; at most"):
-        decoding.plan_alignment(np.zeros(16000 * 20, dtype=np.float32), tokens, text=too_long,
-                                alignment_method="characters")
+        decoding.plan_alignment(
+            np.zeros(16000 * 20, dtype=np.float32), tokens, text=too_long, alignment_method="characters"
+        )

@@ -30,8 +30,13 @@ def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
     if cross_qk is not None:
         [window] = plan.windows
         fetched = [
-            {"key": window.alignment.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape),
-             "tuned_heads": [0], "candidate_heads": [0]}
+            {
+                "key": window.alignment.key,
+                "cross_qk": cross_qk.tobytes(),
+                "shape": list(cross_qk.shape),
+                "tuned_heads": [0],
+                "candidate_heads": [0],
+            }
         ]
     return results.finish(plan, [output], fetched, tokens)
 

@@ -21,8 +21,13 @@ SRT_FILE = (
     "5\r\n00:00:20,000 --> 00:00:22,000\r\n...and then we &amp; they left.\r\n"
 )
 # Spoken words per cue (None: no words), as the alignment text holds them.
-SPOKEN = [["Hello", "there,", "how", "are", "you?"], None, ["-", "I", "am", "fine.", "-", "Good..."], None,
-          ["...and", "then", "we", "&", "they", "left."]]
+SPOKEN = [
+    ["Hello", "there,", "how", "are", "you?"],
+    None,
+    ["-", "I", "am", "fine.", "-", "Good..."],
+    None,
+    ["...and", "then", "we", "&", "they", "left."],
+]
 DURATION = 20.0
 
 
@@ -41,10 +46,17 @@ def aligned_result(text: str, tokens, unaligned=(), step: float = 1.0, offset: f
     the words numbered in ``unaligned`` flagged as longform flags text not in the audio."""
     words = longform.text_words(tokens.encode(" " + text), tokens, "en")
     return {
-        "text": text, "duration": DURATION, "language": "en",
+        "text": text,
+        "duration": DURATION,
+        "language": "en",
         "words": [
-            {"word": w.text, "start": round(offset + k * step, 2),
-             "end": round(offset + k * step + step / 2, 2), "probability": 0.9, "aligned": k not in unaligned}
+            {
+                "word": w.text,
+                "start": round(offset + k * step, 2),
+                "end": round(offset + k * step + step / 2, 2),
+                "probability": 0.9,
+                "aligned": k not in unaligned,
+            }
             for k, w in enumerate(words)
         ],
     }
@@ -66,8 +78,18 @@ def test_words_go_back_to_their_cues(tokens):
     spoken = [retiming.spoken_text(c.text) for c in cues]
     owners = retiming.word_owners(spoken, [w["word"] for w in result["words"]])
     # The tokenizer's grouping: "- I" is one word; "...and" belongs to cue 5, not to cue 3 before it.
-    assert [w["word"] for w in result["words"]][5:] == [" - I", " am", " fine.", " - Good...",
-                                                       " ...and", " then", " we", " &", " they", " left."]
+    assert [w["word"] for w in result["words"]][5:] == [
+        " - I",
+        " am",
+        " fine.",
+        " - Good...",
+        " ...and",
+        " then",
+        " we",
+        " &",
+        " they",
+        " left.",
+    ]
     assert owners == [0] * 5 + [2] * 4 + [4] * 6
     # An opening quote at a cue's end is glued to the next cue's first word: that word is the next cue's.
     split_quote = ['She said "', 'Stop!" and ran.']
@@ -161,10 +183,19 @@ def test_json_bodies_report_unaligned_cues(tokens):
     body = json.loads(retiming.render(retimed, result, "json"))
     assert set(body) == {"text", "cues"}
     assert [(c["index"], c["aligned"]) for c in body["cues"]] == [
-        ("1", True), ("2", False), ("3", True), ("4", False), ("5", True)
+        ("1", True),
+        ("2", False),
+        ("3", True),
+        ("4", False),
+        ("5", True),
     ]
-    assert body["cues"][0] == {"index": "1", "start": 0.5, "end": 5.0, "text": subtitles.cues[0].text,
-                               "aligned": True}
+    assert body["cues"][0] == {
+        "index": "1",
+        "start": 0.5,
+        "end": 5.0,
+        "text": subtitles.cues[0].text,
+        "aligned": True,
+    }
     verbose = json.loads(retiming.render(retimed, result, "verbose_json"))
     assert verbose["words"] == result["words"] and verbose["cues"] == body["cues"]
     assert retiming.render(retimed, result, "vtt").startswith("WEBVTT\n\n1\n00:00:00.500 --> 00:00:05.000\n")

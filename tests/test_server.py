@@ -50,8 +50,7 @@ def server(model_dir, server_log_dir):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
         return
     with running_server(  # no --served-model-name: serve names the model itself
-        model_dir, server_log_dir,
-        env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)},
+        model_dir, server_log_dir, env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)}
     ) as base:
         yield base
 
@@ -128,7 +127,10 @@ def test_openai_client_gets_words(client):
 def test_segment_and_word_granularities(server):
     clip = sentence_clips()[1]
     both = transcribe_raw(
-        server, wav_bytes(clip), model="whisper-tiny.en", response_format="verbose_json",
+        server,
+        wav_bytes(clip),
+        model="whisper-tiny.en",
+        response_format="verbose_json",
         **{"timestamp_granularities[]": ["word", "segment"]},
     ).json()
     assert both["words"] and both["segments"]
@@ -177,8 +179,10 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
 
     def request(index, clip, client_):
         return client_.audio.transcriptions.create(
-            model="whisper-tiny.en", file=(f"c{index}.wav", wav_bytes(clip)),
-            response_format="verbose_json", timestamp_granularities=["word", "segment"],
+            model="whisper-tiny.en",
+            file=(f"c{index}.wav", wav_bytes(clip)),
+            response_format="verbose_json",
+            timestamp_granularities=["word", "segment"],
         )
 
     alone = [request(i, clip, client) for i, clip in enumerate(clips[:checked])]
@@ -242,7 +246,8 @@ def server_stats(server: str) -> dict:
 def transcribe_with_words(server: str, clip) -> dict:
     """verbose_json with word timestamps for one clip, over plain HTTP."""
     response = httpx.post(
-        f"{server}/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(clip))},
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("a.wav", wav_bytes(clip))},
         data={"model": SERVED_NAME, "response_format": "verbose_json", "timestamp_granularities[]": "word"},
         timeout=120,
     )
@@ -293,8 +298,10 @@ def test_the_same_audio_again_reuses_its_encoder_outputs(server, clips):
 def test_long_audio_across_chunk_joins(client):
     clip = long_clip(65.0)
     result = client.audio.transcriptions.create(
-        model="whisper-tiny.en", file=("long.wav", wav_bytes(clip)),
-        response_format="verbose_json", timestamp_granularities=["word", "segment"],
+        model="whisper-tiny.en",
+        file=("long.wav", wav_bytes(clip)),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
     )
     words = [w.model_dump() for w in result.words]
     starts = np.array([w["start"] for w in words])
@@ -333,11 +340,15 @@ def test_forced_alignment_endpoint(server):
 def test_forced_alignment_over_one_window(server):
     """A 65 s upload with its text: every word back in order, aligned, at absolute times; srt too."""
     clip = long_clip(65.0)
+
     def align(**fields):
         return httpx.post(
-            f"{server}/v1/audio/alignments", files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
-            data={"model": "whisper-tiny.en", "text": clip.text, **fields}, timeout=600,
+            f"{server}/v1/audio/alignments",
+            files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
+            data={"model": "whisper-tiny.en", "text": clip.text, **fields},
+            timeout=600,
         )
+
     response = align(response_format="verbose_json")
     assert response.status_code == 200, response.text
     body = response.json()
@@ -355,12 +366,16 @@ def test_forced_alignment_flags_a_skipped_paragraph_over_one_window(server):
     again from a full first pass, which alone flags the paragraph ``aligned: false``."""
     clip = long_clip(65.0)
     middle = len(clip.words) // 2
-    skipped = ("in the first chapter the author describes at some length how the northern villages "
-               "prepared for the long winter").split()
+    skipped = (
+        "in the first chapter the author describes at some length how the northern villages "
+        "prepared for the long winter"
+    ).split()
     text = " ".join([*clip.words[:middle], *skipped, *clip.words[middle:]])
     response = httpx.post(
-        f"{server}/v1/audio/alignments", files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
-        data={"model": "whisper-tiny.en", "text": text}, timeout=600,
+        f"{server}/v1/audio/alignments",
+        files={"file": ("long.wav", wav_bytes(clip), "audio/wav")},
+        data={"model": "whisper-tiny.en", "text": text},
+        timeout=600,
     )
     assert response.status_code == 200, response.text
     flags = [w["aligned"] for w in response.json()["words"]]
@@ -389,7 +404,8 @@ def test_srt_and_vtt(server):
     vtt = httpx.post(
         f"{server}/v1/audio/alignments",
         files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
-        data={"text": clip.text, "response_format": "vtt"}, timeout=600,
+        data={"text": clip.text, "response_format": "vtt"},
+        timeout=600,
     )
     assert vtt.text.startswith("WEBVTT")
     vtt_cues = VTT_CUE.findall(vtt.text)
@@ -405,12 +421,14 @@ def test_srt_and_vtt(server):
     highlighted = httpx.post(
         f"{server}/v1/audio/alignments",
         files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
-        data={"text": clip.text, "response_format": "vtt", "highlight_words": "true"}, timeout=600,
+        data={"text": clip.text, "response_format": "vtt", "highlight_words": "true"},
+        timeout=600,
     )
     underlined = [cue[4] for cue in VTT_CUE.findall(highlighted.text) if "<u>" in cue[4]]
     assert len(underlined) == len(clip.words), highlighted.text
-    assert_openai_error(transcribe_raw(server, wav_bytes(clip), response_format="srt", max_line_width=0),
-                        "max_line_width")
+    assert_openai_error(
+        transcribe_raw(server, wav_bytes(clip), response_format="srt", max_line_width=0), "max_line_width"
+    )
 
 
 def test_subtitles_part_retimes_a_drifting_vtt(server):
@@ -454,8 +472,13 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
     )
     assert_openai_error(transcribe_raw(server, good, response_format="xml"), "response_format")
     assert_openai_error(
-        transcribe_raw(server, good, response_format="verbose_json", stream="true",
-                       **{"timestamp_granularities[]": "word"}),
+        transcribe_raw(
+            server,
+            good,
+            response_format="verbose_json",
+            stream="true",
+            **{"timestamp_granularities[]": "word"},
+        ),
         "stream",
     )
     too_long = np.zeros((MAX_AUDIO_S + 10) * 16000, dtype=np.float32)
@@ -467,7 +490,9 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
 
     def align(**data):
         return httpx.post(
-            f"{server}/v1/audio/alignments", files={"file": ("c.wav", good, "audio/wav")}, data=data,
+            f"{server}/v1/audio/alignments",
+            files={"file": ("c.wav", good, "audio/wav")},
+            data=data,
             timeout=120,
         )
 
@@ -477,13 +502,17 @@ def test_bad_inputs_get_400_and_server_keeps_serving(server, client):
     assert_openai_error(align(), "text")
     with pytest.raises(openai.BadRequestError):
         client.audio.transcriptions.create(
-            model="whisper-tiny.en", file=("x.wav", b"RIFF....garbage"), response_format="verbose_json",
+            model="whisper-tiny.en",
+            file=("x.wav", b"RIFF....garbage"),
+            response_format="verbose_json",
             timestamp_granularities=["word"],
         )
 
     silent = client.audio.transcriptions.create(
-        model="whisper-tiny.en", file=("s.wav", wav_bytes(np.zeros(32000, dtype=np.float32))),
-        response_format="verbose_json", timestamp_granularities=["word"],
+        model="whisper-tiny.en",
+        file=("s.wav", wav_bytes(np.zeros(32000, dtype=np.float32))),
+        response_format="verbose_json",
+        timestamp_granularities=["word"],
     )
     assert silent.words == [] or silent.words is None or len(silent.words) <= 1
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
@@ -519,7 +548,9 @@ def test_a_sliver_after_30_s_is_not_a_window_of_its_own(server):
     noise = 0.01 * np.random.default_rng(0).standard_normal(len(speech))
     samples = np.concatenate([speech + noise, np.zeros(480200 - len(speech))]).astype(np.float32)
     response = transcribe_raw(
-        server, wav_bytes(samples), response_format="verbose_json",
+        server,
+        wav_bytes(samples),
+        response_format="verbose_json",
         **{"timestamp_granularities[]": ["word", "segment"]},
     )
     assert response.status_code == 200, response.text
@@ -556,7 +587,8 @@ def test_four_hour_flac_is_refused_while_the_server_keeps_answering(server, tmp_
             response = httpx.post(
                 f"{server}/v1/audio/transcriptions",
                 files={"file": (path.name, path.read_bytes(), "audio/flac")},
-                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"}, timeout=120,
+                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                timeout=120,
             )
             refusals[path.name] = time.perf_counter() - started
             assert_openai_error(response, f"at most {MAX_AUDIO_S} s")
@@ -591,10 +623,13 @@ def disconnect_mid_request(base: str, audio: bytes) -> None:
 
     async def post_then_disconnect() -> None:
         async with httpx.AsyncClient(timeout=600) as http:
-            request = asyncio.ensure_future(http.post(
-                f"{base}/v1/audio/transcriptions", files={"file": ("long.wav", audio, "audio/wav")},
-                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-            ))
+            request = asyncio.ensure_future(
+                http.post(
+                    f"{base}/v1/audio/transcriptions",
+                    files={"file": ("long.wav", audio, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                )
+            )
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:  # until the windows are in the engines
                 counts = await asyncio.to_thread(engine_counts, base)
@@ -631,13 +666,15 @@ def test_disconnect_aborts_and_frees_capture(server, server_log_dir):
 def test_stream_without_timestamps_is_vllms_own_stream(server):
     clip = sentence_clips()[1]
     with httpx.stream(
-        "POST", f"{server}/v1/audio/transcriptions",
+        "POST",
+        f"{server}/v1/audio/transcriptions",
         files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
-        data={"model": "whisper-tiny.en", "stream": "true", "language": "en"}, timeout=300,
+        data={"model": "whisper-tiny.en", "stream": "true", "language": "en"},
+        timeout=300,
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
-        events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        events = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
     deltas = [json.loads(e)["choices"][0]["delta"].get("content") or "" for e in events if e != "[DONE]"]
     assert "glass" in "".join(deltas).lower()
 
@@ -661,8 +698,9 @@ def test_silence_has_a_no_speech_prob_and_thresholds_are_checked(server):
     assert_openai_error(transcribe_raw(server, silence, no_speech_threshold="loud"), "no_speech_threshold")
     assert_openai_error(transcribe_raw(server, silence, no_speech_threshold="1.5"), "no_speech_threshold")
     assert_openai_error(transcribe_raw(server, silence, logprob_threshold="nan"), "logprob_threshold")
-    assert_openai_error(transcribe_raw(server, silence, compression_ratio_threshold="-1"),
-                        "compression_ratio_threshold")
+    assert_openai_error(
+        transcribe_raw(server, silence, compression_ratio_threshold="-1"), "compression_ratio_threshold"
+    )
 
 
 def test_openapi_lists_alignment_route(server):
@@ -697,14 +735,19 @@ def test_hostile_inputs_are_400s_never_500s(server, client):
     assert huge.status_code == 400 and len(huge.text) < 2000, huge.text[:300]
     # Streaming without a language on an English-only model (vLLM's handler would try to detect one).
     with httpx.stream(
-        "POST", f"{server}/v1/audio/transcriptions", files={"file": ("c.wav", good, "audio/wav")},
-        data={"stream": "true"}, timeout=300,
+        "POST",
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("c.wav", good, "audio/wav")},
+        data={"stream": "true"},
+        timeout=300,
     ) as streamed:
         assert streamed.status_code == 200
         assert "".join(streamed.iter_text()).count("data: ") >= 2
     streamed_translation = httpx.post(
-        f"{server}/v1/audio/translations", files={"file": ("c.wav", good, "audio/wav")},
-        data={"stream": "true"}, timeout=60,
+        f"{server}/v1/audio/translations",
+        files={"file": ("c.wav", good, "audio/wav")},
+        data={"stream": "true"},
+        timeout=60,
     )
     assert_openai_error(streamed_translation, "translate")
 
@@ -721,7 +764,10 @@ def test_hostile_inputs_are_400s_never_500s(server, client):
     ]
     # One token asked for, one token timed.
     one = transcribe_raw(
-        server, good, max_completion_tokens=1, response_format="verbose_json",
+        server,
+        good,
+        max_completion_tokens=1,
+        response_format="verbose_json",
         **{"timestamp_granularities[]": "word"},
     )
     assert one.status_code == 200 and len(one.json()["words"]) == 1, one.text
@@ -749,9 +795,11 @@ def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server, 
 
     async def long_then_short() -> tuple[dict, dict, list[dict[str, float]]]:
         async with httpx.AsyncClient(timeout=900) as http:
+
             def post(audio: bytes, route: str = "transcriptions", **fields: str):
                 return http.post(
-                    f"{narrow_server}/v1/audio/{route}", files={"file": ("a.wav", audio, "audio/wav")},
+                    f"{narrow_server}/v1/audio/{route}",
+                    files={"file": ("a.wav", audio, "audio/wav")},
                     data={"response_format": "verbose_json", "timestamp_granularities[]": "word", **fields},
                 )
 

@@ -105,10 +105,22 @@ def test_refine_weighs_onsets_by_their_distance():
     assert near.start == 1.02
 
 
-@pytest.mark.parametrize("word, quiet", [
-    (" to", True), (" Many", True), (" with", True), (' "Come', True), (" chair", True),
-    (" a", False), (" so", False), (" listened", False), (" the", True), (" über", False), (" 東京", False),
-])
+@pytest.mark.parametrize(
+    "word, quiet",
+    [
+        (" to", True),
+        (" Many", True),
+        (" with", True),
+        (' "Come', True),
+        (" chair", True),
+        (" a", False),
+        (" so", False),
+        (" listened", False),
+        (" the", True),
+        (" über", False),
+        (" 東京", False),
+    ],
+)
 def test_a_start_is_quiet_by_its_first_letter(word, quiet):
     assert starts_quietly(word) is quiet
 

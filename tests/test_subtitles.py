@@ -111,8 +111,10 @@ def test_with_times_changes_times_only():
         ("WEBVTT\n\nNOTE only a comment\n", "no cues"),
         ("Hello there\nGeneral Kenobi\n", "line 1: expected a cue number"),
         ("1\n00:00:01,000 -> 00:00:02,000\nx\n", "line 2: expected a timing line"),
-        ("1\n00:00:01,000 --> 00:00:02,000\nx\n\n2\n00:00:03,000 --> 00:61:00,000\ny\n",
-         "line 6: bad timestamp"),
+        (
+            "1\n00:00:01,000 --> 00:00:02,000\nx\n\n2\n00:00:03,000 --> 00:61:00,000\ny\n",
+            "line 6: bad timestamp",
+        ),
         ("1\n00:00:01,000 --> 00:00:02,000\nx\n\ncontinued after a blank line\n", "line 5"),
         ("WEBVTT\n\nfoo\nbar\n", "line 3: expected a cue timing line"),
         (b"1\n00:00:01,000 --> 00:00:02,000\n\xff\xfe\n", "line 3: not UTF-8"),

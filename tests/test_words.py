@@ -79,8 +79,7 @@ def test_split_on_unicode_with_hf_decode_matches_tiktoken(sentence, hf_decode):
 @examples
 @given(
     text=st.text(
-        alphabet=string.ascii_letters[:12] + string.digits[:4] + string.punctuation
-        + "  'é日本語🎉“”—",
+        alphabet=string.ascii_letters[:12] + string.digits[:4] + string.punctuation + "  'é日本語🎉“”—",
         max_size=60,
     )
 )
@@ -109,9 +108,7 @@ def test_split_multilingual_matches_reference(language, text):
     tokenizer = get_tokenizer(multilingual=True, language=language, num_languages=100)
     tokens = tokenizer.encode(text) + [tokenizer.eot]
     expected = tokenizer.split_to_word_tokens(tokens)
-    actual = words.split_to_word_tokens(
-        tokens, tokenizer.decode_with_timestamps, tokenizer.eot, language
-    )
+    actual = words.split_to_word_tokens(tokens, tokenizer.decode_with_timestamps, tokenizer.eot, language)
     assert actual == expected
     if language in words.UNSPACED_LANGUAGES:
         assert len(actual[0]) > len(text.split())  # really split per character(s)
@@ -212,8 +209,36 @@ def test_merge_punctuations(texts, expected):
     assert actual == reference_merge(texts)
 
 
-PIECES = [" Hello", "world", " it", "'s", ",", ".", "!", "?", "。", "、", " (", ")", " “", "”",
-          ' "', '"', "'", " '", " -", "-", " ¿", "¿", " [", "]", ":", " 日本", "語", " a "]
+PIECES = [
+    " Hello",
+    "world",
+    " it",
+    "'s",
+    ",",
+    ".",
+    "!",
+    "?",
+    "。",
+    "、",
+    " (",
+    ")",
+    " “",
+    "”",
+    ' "',
+    '"',
+    "'",
+    " '",
+    " -",
+    "-",
+    " ¿",
+    "¿",
+    " [",
+    "]",
+    ":",
+    " 日本",
+    "語",
+    " a ",
+]
 
 
 @examples
@@ -270,8 +295,27 @@ def test_apply_segment_rules_by_hand():
     assert words.apply_segment_rules([], 1.0, 2.0, 0.3, 0.6, 0.5) == (1.0, 2.0, 0.5)
 
 
-SEGMENT_PIECES = [" Hello", " world", "ly", ",", ".", "!", "?", "。", " (", ")", " “", "”", "'s",
-                  " -", " ¿", ":", " so", " a", " 日本"]
+SEGMENT_PIECES = [
+    " Hello",
+    " world",
+    "ly",
+    ",",
+    ".",
+    "!",
+    "?",
+    "。",
+    " (",
+    ")",
+    " “",
+    "”",
+    "'s",
+    " -",
+    " ¿",
+    ":",
+    " so",
+    " a",
+    " 日本",
+]
 
 
 @st.composite
@@ -280,14 +324,15 @@ def transcripts(draw):
     count = draw(st.integers(0, 14))
     texts = draw(st.lists(st.sampled_from(SEGMENT_PIECES), min_size=count, max_size=count))
     token_counts = draw(st.lists(st.integers(1, 3), min_size=count, max_size=count))
-    steps = draw(st.lists(st.sampled_from([0, 0, 1, 3, 10, 25, 60, 150]), min_size=count + 1,
-                          max_size=count + 1))
+    steps = draw(
+        st.lists(st.sampled_from([0, 0, 1, 3, 10, 25, 60, 150]), min_size=count + 1, max_size=count + 1)
+    )
     times = np.cumsum(steps) / timing.TOKENS_PER_SECOND
     probabilities = draw(st.lists(st.floats(0.01, 1.0), min_size=count, max_size=count))
     tokens = list(range(1000, 1000 + sum(token_counts)))
     bounds = np.cumsum([0] + token_counts)
     alignment = [
-        (texts[i], tokens[bounds[i]:bounds[i + 1]], times[i], times[i + 1], probabilities[i])
+        (texts[i], tokens[bounds[i] : bounds[i + 1]], times[i], times[i + 1], probabilities[i])
         for i in range(count)
     ]
 
@@ -303,8 +348,9 @@ def transcripts(draw):
         start = offset + times[first_word] + draw(st.sampled_from([-0.6, 0.0, 0.3, 0.9]))
         end = offset + times[last_word] + draw(st.sampled_from([-1.5, -0.2, 0.0, 0.7]))
         timestamps = [50364 + lo, 50365 + hi]
-        segments.append(dict(seek=seek, start=start, end=end,
-                             tokens=timestamps[:1] + tokens[lo:hi] + timestamps[1:]))
+        segments.append(
+            dict(seek=seek, start=start, end=end, tokens=timestamps[:1] + tokens[lo:hi] + timestamps[1:])
+        )
     last_speech = offset + draw(st.sampled_from([-1.0, 0.0, 0.5, 4.0]))
     return alignment, segments, last_speech
 
@@ -317,20 +363,26 @@ def test_add_word_timestamps_matches_reference(transcript):
     reference_alignment = [reference.WordTiming(*word) for word in copy.deepcopy(alignment)]
     with mock.patch.object(reference, "find_alignment", return_value=reference_alignment):
         reference.add_word_timestamps(
-            segments=reference_segments, model=None, tokenizer=ENGLISH, mel=None, num_frames=0,
+            segments=reference_segments,
+            model=None,
+            tokenizer=ENGLISH,
+            mel=None,
+            num_frames=0,
             last_speech_timestamp=last_speech,
         )
 
     ours = [WordTiming(*word) for word in copy.deepcopy(alignment)]
     words.add_word_timestamps(
-        segments, ours, eot=EOT, time_offset=segments[0]["seek"] * 160 / 16000,
+        segments,
+        ours,
+        eot=EOT,
+        time_offset=segments[0]["seek"] * 160 / 16000,
         last_speech_timestamp=last_speech,
     )
     for segment, expected in zip(segments, reference_segments, strict=True):
         assert (segment["start"], segment["end"]) == (expected["start"], expected["end"])
         actual_words = [
-            dict(word=w.word, start=w.start, end=w.end, probability=w.probability)
-            for w in segment["words"]
+            dict(word=w.word, start=w.start, end=w.end, probability=w.probability) for w in segment["words"]
         ]
         assert actual_words == expected["words"]
 
@@ -345,9 +397,16 @@ def tiny_random_whisper():
 
     def build(multilingual):
         dims = ModelDimensions(
-            n_mels=80, n_audio_ctx=1500, n_audio_state=32, n_audio_head=2, n_audio_layer=1,
-            n_vocab=51865 if multilingual else 51864, n_text_ctx=448, n_text_state=32,
-            n_text_head=4, n_text_layer=2,
+            n_mels=80,
+            n_audio_ctx=1500,
+            n_audio_state=32,
+            n_audio_head=2,
+            n_audio_layer=1,
+            n_vocab=51865 if multilingual else 51864,
+            n_text_ctx=448,
+            n_text_state=32,
+            n_text_head=4,
+            n_text_layer=2,
         )
         model = Whisper(dims).eval()
         # the decoder's positional embedding is created with torch.empty (weights load over it)
@@ -381,9 +440,7 @@ def reference_and_ours(model, tokenizer, text_tokens, mel, num_frames, decode, l
 
     matrix = timing.alignment_matrix(qk.numpy(), num_frames)[sot:-1]
     jump_times = timing.jump_times(matrix)
-    actual = words.word_timings(
-        text_tokens, jump_times, token_probs, decode, tokenizer.eot, language
-    )
+    actual = words.word_timings(text_tokens, jump_times, token_probs, decode, tokenizer.eot, language)
     return actual, expected
 
 
@@ -397,7 +454,11 @@ def test_pipeline_matches_find_alignment_english(num_frames, tiny_random_whisper
     assert len(actual) == len(expected) > 5
     for ours, theirs in zip(actual, expected, strict=True):
         assert (ours.word, ours.tokens, ours.start, ours.end) == (
-            theirs.word, theirs.tokens, theirs.start, theirs.end)
+            theirs.word,
+            theirs.tokens,
+            theirs.start,
+            theirs.end,
+        )
         assert ours.probability == pytest.approx(theirs.probability, rel=1e-6)
 
 
@@ -406,11 +467,14 @@ def test_pipeline_matches_find_alignment_chinese(tiny_random_whisper):
     text_tokens = tokenizer.encode("我们今天去公园散步，天气很好！")
     mel = torch.randn(80, 3000, generator=torch.Generator().manual_seed(7))
     actual, expected = reference_and_ours(
-        tiny_random_whisper[True], tokenizer, text_tokens, mel, 2000,
-        tokenizer.decode_with_timestamps, "zh",
+        tiny_random_whisper[True], tokenizer, text_tokens, mel, 2000, tokenizer.decode_with_timestamps, "zh"
     )
     assert len(actual) == len(expected) > 5
     for ours, theirs in zip(actual, expected, strict=True):
         assert (ours.word, ours.tokens, ours.start, ours.end) == (
-            theirs.word, theirs.tokens, theirs.start, theirs.end)
+            theirs.word,
+            theirs.tokens,
+            theirs.start,
+            theirs.end,
+        )
         assert ours.probability == pytest.approx(theirs.probability, rel=1e-6)

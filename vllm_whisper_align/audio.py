@@ -103,8 +103,7 @@ def num_mel_frames(num_samples: int) -> int:
 
 
 def decode_audio(
-    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None,
-    spill: bool = False,
+    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None, spill: bool = False
 ) -> np.ndarray | SpilledSamples:
     """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
 
@@ -427,9 +426,7 @@ class AudioChunk:
 
 
 def chunk_audio(
-    samples: np.ndarray | SpilledSamples,
-    chunk_seconds: float = CHUNK_SECONDS,
-    sample_rate: int = SAMPLE_RATE,
+    samples: np.ndarray | SpilledSamples, chunk_seconds: float = CHUNK_SECONDS, sample_rate: int = SAMPLE_RATE
 ) -> list[AudioChunk]:
     """Split audio into consecutive windows of at most `chunk_seconds`.
 

@@ -244,19 +244,29 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
     try:
         samples = await asyncio.to_thread(read_audio, item.audio)
         if item.text is not None:
-            result = await service.align(samples, request_id=request_id, text=item.text, token_ids=None,
-                                         language=language, **method)
+            result = await service.align(
+                samples, request_id=request_id, text=item.text, token_ids=None, language=language, **method
+            )
         else:
             result = await service.transcribe(
-                samples, request_id=request_id, language=language, task="transcribe", word_timestamps=True,
-                prompt=None, sampling={}, **method,
+                samples,
+                request_id=request_id,
+                language=language,
+                task="transcribe",
+                word_timestamps=True,
+                prompt=None,
+                sampling={},
+                **method,
             )
         await asyncio.to_thread(_write_result, output_dir, item, result)
     except Exception as error:  # any reader's or the engine's error: the item fails, the batch goes on
         return error_row(item, error)
     return {
-        "id": item.id, "status": STATUS_OK, "error": None,
-        "audio_seconds": round(len(samples) / SAMPLE_RATE, 3), "words": len(result.get("words") or []),
+        "id": item.id,
+        "status": STATUS_OK,
+        "error": None,
+        "audio_seconds": round(len(samples) / SAMPLE_RATE, 3),
+        "words": len(result.get("words") or []),
         "language": result.get("language"),
     }
 
@@ -319,10 +329,16 @@ class Summary:
             self._file = None
 
     def append(self, row: dict[str, Any]) -> None:
-        full = {"id": row["id"], "status": row["status"], "error": row.get("error"),
-                "audio_seconds": row.get("audio_seconds"), "words": row.get("words"),
-                "language": row.get("language"), "run": self.run,
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        full = {
+            "id": row["id"],
+            "status": row["status"],
+            "error": row.get("error"),
+            "audio_seconds": row.get("audio_seconds"),
+            "words": row.get("words"),
+            "language": row.get("language"),
+            "run": self.run,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         full.update({k: v for k, v in row.items() if k not in full})
         self._file.write(json.dumps(full) + "\n")
         self._file.flush()
@@ -343,9 +359,17 @@ def recover_rows(
             seconds, words = result.get("duration"), len(result.get("words") or [])
         except (OSError, ValueError):
             seconds = words = None
-        rows.append({"id": item_id, "status": STATUS_OK, "error": None, "audio_seconds": seconds,
-                     "words": words, "language": result.get("language") if seconds is not None else None,
-                     "recovered": True})
+        rows.append(
+            {
+                "id": item_id,
+                "status": STATUS_OK,
+                "error": None,
+                "audio_seconds": seconds,
+                "words": words,
+                "language": result.get("language") if seconds is not None else None,
+                "recovered": True,
+            }
+        )
     return rows
 
 
@@ -380,6 +404,9 @@ class Progress:
         done = self.ok + self.errors
         elapsed = time.monotonic() - self.started
         speed = f", {self.audio_seconds / elapsed:.1f} audio s per s" if elapsed > 0 and self.ok else ""
-        print(f"batch: {done}/{self.total} items ({self.ok} ok, {self.errors} failed; {self.skipped} done "
-              f"before), {self.audio_seconds / 3600:.3f} audio hours{speed}, {elapsed:.0f} s",
-              file=self.stream, flush=True)
+        print(
+            f"batch: {done}/{self.total} items ({self.ok} ok, {self.errors} failed; {self.skipped} done "
+            f"before), {self.audio_seconds / 3600:.3f} audio hours{speed}, {elapsed:.0f} s",
+            file=self.stream,
+            flush=True,
+        )

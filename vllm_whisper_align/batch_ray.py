@@ -131,8 +131,9 @@ class ServingEngine:
         backend = self.engine.vllm_config.parallel_config.distributed_executor_backend
         if backend == "ray":  # the replica is the unit of parallelism; the engine must not place workers
             self.close()
-            raise RuntimeError("the replica's engine chose Ray as its executor; pass "
-                               "--distributed-executor-backend mp")
+            raise RuntimeError(
+                "the replica's engine chose Ray as its executor; pass --distributed-executor-backend mp"
+            )
 
     def run(self, coroutine):
         """Run ``coroutine`` on the engine's loop; wait for its result here (any thread)."""
@@ -174,9 +175,17 @@ def _normal_priority() -> None:
 def _row_schema():
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("status", pa.string()), ("error", pa.string()),
-                      ("audio_seconds", pa.float64()), ("words", pa.int64()), ("language", pa.string()),
-                      ("_ready_at", pa.float64())])
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("status", pa.string()),
+            ("error", pa.string()),
+            ("audio_seconds", pa.float64()),
+            ("words", pa.int64()),
+            ("language", pa.string()),
+            ("_ready_at", pa.float64()),
+        ]
+    )
 
 
 @dataclass
@@ -231,8 +240,12 @@ def run_job(
     with Summary(output_dir, run) as summary:
         for row in recover_rows(output_dir, done, read_summary(summary.path)):
             summary.append(row)
-        print(f"batch: run {run}: {len(items)} items, {len(done)} done before, {len(todo)} to do; "
-              f"{replicas} replica(s); results in {output_dir}", file=sys.stderr, flush=True)
+        print(
+            f"batch: run {run}: {len(items)} items, {len(done)} done before, {len(todo)} to do; "
+            f"{replicas} replica(s); results in {output_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
         if not todo:
             report.finished_at = time.time()
             return report
@@ -243,9 +256,11 @@ def run_job(
             dataset = ray.data.from_items([item.as_row() for item in todo]).map_batches(
                 Replica,
                 fn_constructor_kwargs={"model": model, "engine_args": engine_args or {}, "options": options},
-                batch_size=batch_size, batch_format="pyarrow",
+                batch_size=batch_size,
+                batch_format="pyarrow",
                 compute=ray.data.ActorPoolStrategy(
-                    size=replicas, max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT,
+                    size=replicas,
+                    max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT,
                     enable_true_multi_threading=True,  # the threads only wait: the engine's loop works
                 ),
                 num_cpus=cpus_per_replica,
@@ -272,7 +287,9 @@ def _start_ray(address: str | None, verbose: bool):
     import ray.data
 
     ray.init(
-        address=address, include_dashboard=False, log_to_driver=verbose,
+        address=address,
+        include_dashboard=False,
+        log_to_driver=verbose,
         logging_level=logging.INFO if verbose else logging.WARNING,
     )
     context = ray.data.DataContext.get_current()

@@ -147,8 +147,11 @@ class AlignmentCapture:
 
     def _host_buffers(self) -> list[tuple[int, int]]:
         """``(address, nbytes)`` of each slot tensor in host memory (none on GPU)."""
-        return [(t.data_ptr(), t.numel() * t.element_size()) for t in self.q_slots + self.k_slots
-                if t.device.type == "cpu"]
+        return [
+            (t.data_ptr(), t.numel() * t.element_size())
+            for t in self.q_slots + self.k_slots
+            if t.device.type == "cpu"
+        ]
 
     def _take_slot(self) -> int | None:
         if not self.free_slots and not self._grow():
@@ -315,8 +318,13 @@ class AlignmentCapture:
         for key in keys:
             parked = self.no_speech_parked.pop(key, None)
             if parked is None:
-                results.append({"key": key, "error": "no no_speech_prob for this request (expired, never "
-                                "asked for, or served by another engine)"})
+                results.append(
+                    {
+                        "key": key,
+                        "error": "no no_speech_prob for this request (expired, never "
+                        "asked for, or served by another engine)",
+                    }
+                )
             else:
                 results.append({"key": key, "no_speech_prob": parked[0]})
         return results
@@ -377,13 +385,21 @@ def _qk_result(
     parked: _Parked | None, request: AlignmentRequest, tuned: list[int], candidates: list[int]
 ) -> dict[str, Any]:
     if parked is None:
-        return {"key": request.key, "error": "no alignment captured for this request (expired, "
-                "never asked for, or served by another engine)"}
+        return {
+            "key": request.key,
+            "error": "no alignment captured for this request (expired, "
+            "never asked for, or served by another engine)",
+        }
     if parked.error is not None:
         return {"key": request.key, "error": parked.error}
     # Rows past the eot row (a step the engine ran after the request finished) are not sent.
     rows = min(parked.qk.shape[1], parked.params.rows_sent(request.num_text_tokens))
     cross_qk = np.ascontiguousarray(parked.qk[:, :rows], dtype=np.float32)
     # Raw bytes: the RPC's msgpack encoder would turn an ndarray into nested lists.
-    return {"key": request.key, "cross_qk": cross_qk.tobytes(), "shape": list(cross_qk.shape),
-            "tuned_heads": tuned, "candidate_heads": candidates}
+    return {
+        "key": request.key,
+        "cross_qk": cross_qk.tobytes(),
+        "shape": list(cross_qk.shape),
+        "tuned_heads": tuned,
+        "candidate_heads": candidates,
+    }

@@ -443,8 +443,11 @@ def _write_tokenizer(out: Path, tok: dict, ids: dict, multilingual: bool) -> Non
     merges = "\n".join(["#version: 0.2", *_merges_lines(tok["model"].get("merges", []))]) + "\n"
     (out / "merges.txt").write_text(merges, encoding="utf-8")
     # Specials up to <|notimestamps|> only: HF computes timestamp_begin as all_special_ids[-1] + 1.
-    specials = [t["content"] for t in sorted(tok["added_tokens"], key=lambda t: t["id"])
-                if t["id"] <= ids["notimestamps"] and t["content"] != "<|endoftext|>"]
+    specials = [
+        t["content"]
+        for t in sorted(tok["added_tokens"], key=lambda t: t["id"])
+        if t["id"] <= ids["notimestamps"] and t["content"] != "<|endoftext|>"
+    ]
     eot = "<|endoftext|>"
     cfg = {
         "tokenizer_class": "WhisperTokenizer",
@@ -504,8 +507,14 @@ def _model_config(dims: dict, ids: dict, suppress: list[int], begin_suppress: li
     return cfg
 
 
-def _generation_config(dims: dict, ids: dict, suppress: list[int], begin_suppress: list[int],
-                       alignment_heads: list[list[int]], multilingual: bool) -> dict:
+def _generation_config(
+    dims: dict,
+    ids: dict,
+    suppress: list[int],
+    begin_suppress: list[int],
+    alignment_heads: list[list[int]],
+    multilingual: bool,
+) -> dict:
     eot = ids["eot"]
     gen = {
         "alignment_heads": [list(map(int, h)) for h in alignment_heads],

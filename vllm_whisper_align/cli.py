@@ -59,26 +59,51 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--text", help="the text spoken in AUDIO")
     source.add_argument("--text-file", type=Path, help="file holding the text spoken in AUDIO")
     source.add_argument("--manifest", type=Path, help='JSON lines: {"audio": PATH, "text": TEXT}')
-    source.add_argument("--subtitles", type=Path, help="SRT or WebVTT file of AUDIO to re-time: every cue "
-                        "keeps its number and text and gets new times (written in its format by default)")
+    source.add_argument(
+        "--subtitles",
+        type=Path,
+        help="SRT or WebVTT file of AUDIO to re-time: every cue "
+        "keeps its number and text and gets new times (written in its format by default)",
+    )
     _add_common(align)
 
     batch = commands.add_parser(
         "batch", help="a corpus job on Ray: every item of a manifest to OUTPUT_DIR/<id>.json, resumable"
     )
-    batch.add_argument("--manifest", type=Path, required=True, help='JSON lines: {"id": ID, "audio": PATH '
-                       'or URI} and optionally "text" (forced alignment) and "language"')
-    batch.add_argument("--output-dir", type=Path, required=True,
-                       help="<id>.json per item and summary.jsonl; ids done there are skipped")
+    batch.add_argument(
+        "--manifest",
+        type=Path,
+        required=True,
+        help='JSON lines: {"id": ID, "audio": PATH '
+        'or URI} and optionally "text" (forced alignment) and "language"',
+    )
+    batch.add_argument(
+        "--output-dir",
+        type=Path,
+        required=True,
+        help="<id>.json per item and summary.jsonl; ids done there are skipped",
+    )
     batch.add_argument("--ray-address", default=None, help="a Ray cluster (default: start a local Ray)")
     batch.add_argument("--replicas", type=int, default=1, help="engines, one per Ray actor (default 1)")
-    batch.add_argument("--cpus-per-replica", type=float, default=1.0,
-                       help="Ray CPUs each replica reserves (default 1; the engine's threads are bound "
-                            "by its own settings)")
-    batch.add_argument("--gpus-per-replica", type=float, default=0.0, help="GPUs each replica reserves "
-                       "(default 0; 1 on a GPU cluster)")
-    batch.add_argument("--batch-size", type=int, default=64, help="items in a batch; a replica works on two "
-                       "batches at once, every item its own engine requests (default 64)")
+    batch.add_argument(
+        "--cpus-per-replica",
+        type=float,
+        default=1.0,
+        help="Ray CPUs each replica reserves (default 1; the engine's threads are bound by its own settings)",
+    )
+    batch.add_argument(
+        "--gpus-per-replica",
+        type=float,
+        default=0.0,
+        help="GPUs each replica reserves (default 0; 1 on a GPU cluster)",
+    )
+    batch.add_argument(
+        "--batch-size",
+        type=int,
+        default=64,
+        help="items in a batch; a replica works on two "
+        "batches at once, every item its own engine requests (default 64)",
+    )
     batch.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     batch.add_argument("--language", default=None, help="for items without one (default: detect)")
     batch.add_argument("--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD)
@@ -97,23 +122,40 @@ def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
     """openai-whisper's transcribe options, with its defaults ("none" turns a threshold off)."""
     from vllm_whisper_align import decoding
 
-    parser.add_argument("--temperature", type=float, default=0.0,
-                        help="first temperature; a window that fails the thresholds is decoded again "
-                             f"{decoding.TEMPERATURE_INCREMENT} higher, up to {decoding.MAX_TEMPERATURE}")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="first temperature; a window that fails the thresholds is decoded again "
+        f"{decoding.TEMPERATURE_INCREMENT} higher, up to {decoding.MAX_TEMPERATURE}",
+    )
     for name, default, meaning in (
-        ("compression-ratio-threshold", decoding.COMPRESSION_RATIO_THRESHOLD,
-         "gzip ratio above which text is too repetitive (fall back)"),
-        ("logprob-threshold", decoding.LOGPROB_THRESHOLD, "average log-probability below which text is too "
-         "improbable (fall back)"),
-        ("no-speech-threshold", decoding.NO_SPEECH_THRESHOLD,
-         "no-speech probability above which an improbable window is dropped as silence"),
+        (
+            "compression-ratio-threshold",
+            decoding.COMPRESSION_RATIO_THRESHOLD,
+            "gzip ratio above which text is too repetitive (fall back)",
+        ),
+        (
+            "logprob-threshold",
+            decoding.LOGPROB_THRESHOLD,
+            "average log-probability below which text is too improbable (fall back)",
+        ),
+        (
+            "no-speech-threshold",
+            decoding.NO_SPEECH_THRESHOLD,
+            "no-speech probability above which an improbable window is dropped as silence",
+        ),
     ):
         parser.add_argument(
             f"--{name}", type=_optional_float, default=default, help=f"{meaning} (default {default})"
         )
-    parser.add_argument("--best-of", type=int, default=decoding.BEST_OF,
-                        help="candidates sampled per window above temperature 0; the likeliest is kept "
-                             f"(default {decoding.BEST_OF})")
+    parser.add_argument(
+        "--best-of",
+        type=int,
+        default=decoding.BEST_OF,
+        help="candidates sampled per window above temperature 0; the likeliest is kept "
+        f"(default {decoding.BEST_OF})",
+    )
 
 
 def _optional_float(text: str) -> float | None:
@@ -125,10 +167,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--language", default=None, help="language code (default: detect)")
     parser.add_argument("--format", choices=RESPONSE_FORMATS, default=None, help=f"default {DEFAULT_FORMAT}")
     parser.add_argument(
-        "--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD,
+        "--alignment-method",
+        choices=ALIGNMENT_METHODS,
+        default=DEFAULT_ALIGNMENT_METHOD,
         help="how word times are read: auto picks this window's sharpest heads and refines starts to "
-             "onsets; fixed uses the model's tuned alignment heads, as openai-whisper; characters (align, "
-             "audio up to 30 s) forces the text one character per token (default %(default)s)",
+        "onsets; fixed uses the model's tuned alignment heads, as openai-whisper; characters (align, "
+        "audio up to 30 s) forces the text one character per token (default %(default)s)",
     )
     lines = parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)")
     lines.add_argument("--max-line-width", type=int, default=None, help="characters in a line")
@@ -335,7 +379,7 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
                 items.append((str(entry["audio"]), str(entry["text"])))
             except (json.JSONDecodeError, KeyError, TypeError) as error:
                 raise ValueError(
-                    f"{args.manifest}:{number}: need {{\"audio\": ..., \"text\": ...}} ({error})"
+                    f'{args.manifest}:{number}: need {{"audio": ..., "text": ...}} ({error})'
                 ) from None
         return items
     if args.audio is None:
@@ -357,9 +401,17 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     options = JobOptions(str(args.output_dir.absolute()), args.language, args.alignment_method)
     try:
         report = run_job(
-            items, args.output_dir, model=args.model, engine_args=engine_args, options=options,
-            ray_address=args.ray_address, replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
-            gpus_per_replica=args.gpus_per_replica, batch_size=args.batch_size, verbose=args.verbose,
+            items,
+            args.output_dir,
+            model=args.model,
+            engine_args=engine_args,
+            options=options,
+            ray_address=args.ray_address,
+            replicas=args.replicas,
+            cpus_per_replica=args.cpus_per_replica,
+            gpus_per_replica=args.gpus_per_replica,
+            batch_size=args.batch_size,
+            verbose=args.verbose,
         )
     except (ValueError, OSError):
         raise
@@ -452,8 +504,10 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 
     unsupported = front_end_without_plugins(server_argv, os.environ)
     if unsupported:  # before anything imports vLLM: a refusal in a moment
-        raise ValueError(f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
-                         "no /v1/audio/alignments); serve through vLLM's HTTP server")
+        raise ValueError(
+            f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
+            "no /v1/audio/alignments); serve through vLLM's HTTP server"
+        )
     from vllm_whisper_align.checkpoints import resolve_model
     from vllm_whisper_align.log import vllm_logging_now
 

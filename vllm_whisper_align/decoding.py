@@ -268,8 +268,12 @@ def text_token_cap(options: dict[str, Any] | None, num_samples: int, num_prompt_
 
 
 def transcription_sampling(
-    options: dict[str, Any] | None, suppress_tokens: Sequence[int], max_text_tokens: int,
-    num_prompt_tokens: int, alignment: AlignmentParams | None, no_speech: NoSpeechParams | None = None,
+    options: dict[str, Any] | None,
+    suppress_tokens: Sequence[int],
+    max_text_tokens: int,
+    num_prompt_tokens: int,
+    alignment: AlignmentParams | None,
+    no_speech: NoSpeechParams | None = None,
     temperature: float = 0.0,
 ) -> SamplingParams:
     """``temperature`` (0: greedy) and the caller's other options; ``suppress_tokens``
@@ -323,8 +327,9 @@ def plan_transcription(
     temperature is ``fallback``'s first (default: openai-whisper's transcribe options);
     ``alignment_method`` says how word times are read (``params.ALIGNMENT_METHODS``)."""
     if alignment_method == "characters":
-        raise ValueError("alignment_method characters is for forced alignment; transcription reads "
-                         "auto or fixed")
+        raise ValueError(
+            "alignment_method characters is for forced alignment; transcription reads auto or fixed"
+        )
     fallback = fallback or FallbackOptions()
     fallback.validate()
     previous = previous_text_tokens(prompt, tokens)
@@ -338,7 +343,9 @@ def plan_transcription(
         # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
         if word_timestamps and can_align(chunk.num_samples):
             alignment = AlignmentParams.for_prompt(
-                num_mel_frames(chunk.num_samples), len(previous), len(start),
+                num_mel_frames(chunk.num_samples),
+                len(previous),
+                len(start),
                 alignment_method=alignment_method,
             )
         no_speech = None
@@ -346,8 +353,13 @@ def plan_transcription(
             no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
         cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt))
         window = WindowRequest(
-            chunk, decoder_prompt, None, alignment, max_text_tokens=cap,
-            no_speech=no_speech, sampling_options=dict(sampling or {}),
+            chunk,
+            decoder_prompt,
+            None,
+            alignment,
+            max_text_tokens=cap,
+            no_speech=no_speech,
+            sampling_options=dict(sampling or {}),
             suppress_tokens=tuple(suppress_tokens),
         )
         windows.append(_at_temperature(window, 0, fallback.temperatures[0], fallback.best_of))
@@ -382,11 +394,22 @@ def _candidate(
         no_speech = replace(window.no_speech, key=new_alignment_key())
     options = window.sampling_options if seed is None else {**window.sampling_options, "seed": seed}
     sampling_params = transcription_sampling(
-        options, window.suppress_tokens, window.max_text_tokens,
-        len(window.prompt_token_ids), alignment, no_speech, temperature,
+        options,
+        window.suppress_tokens,
+        window.max_text_tokens,
+        len(window.prompt_token_ids),
+        alignment,
+        no_speech,
+        temperature,
     )
-    return replace(window, sampling_params=sampling_params, alignment=alignment, no_speech=no_speech,
-                   attempt=attempt, siblings=())
+    return replace(
+        window,
+        sampling_params=sampling_params,
+        alignment=alignment,
+        no_speech=no_speech,
+        attempt=attempt,
+        siblings=(),
+    )
 
 
 # ---------------------------------------------------------------------------- quality policy
@@ -417,8 +440,9 @@ def keep_best(
         best = max(range(len(candidates)), key=lambda i: sum_logprob_score(scored[i]))
         kept_windows.append(replace(candidates[best], siblings=(), no_speech=window.no_speech))
         kept_outputs.append(replace(scored[best], no_speech_prob=scored[0].no_speech_prob))
-        dropped += [c.alignment.key for i, c in enumerate(candidates)
-                    if i != best and c.alignment is not None]
+        dropped += [
+            c.alignment.key for i, c in enumerate(candidates) if i != best and c.alignment is not None
+        ]
     if position != len(outputs):
         raise ValueError(f"{len(outputs)} outputs for {position} candidates")
     return kept_windows, kept_outputs, dropped
@@ -435,15 +459,20 @@ def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
     window is silence (then another temperature would only invent text)."""
     too_repetitive = is_too_repetitive(output, options)
     too_improbable = options.logprob_threshold is not None and output.avg_logprob < options.logprob_threshold
-    silence = (options.no_speech_threshold is not None and output.no_speech_prob > options.no_speech_threshold
-               and too_improbable)
+    silence = (
+        options.no_speech_threshold is not None
+        and output.no_speech_prob > options.no_speech_threshold
+        and too_improbable
+    )
     return (too_repetitive or too_improbable) and not silence
 
 
 def is_too_repetitive(output: WindowOutput, options: FallbackOptions) -> bool:
     """openai-whisper's loop test: the text compresses too well."""
-    return (options.compression_ratio_threshold is not None
-            and output.compression_ratio > options.compression_ratio_threshold)
+    return (
+        options.compression_ratio_threshold is not None
+        and output.compression_ratio > options.compression_ratio_threshold
+    )
 
 
 def is_silent(output: WindowOutput, options: FallbackOptions) -> bool:
@@ -503,7 +532,8 @@ def _more_likely(latest, earlier, options: FallbackOptions):
 def dropped_keys(plan: Plan, outputs: Sequence[WindowOutput]) -> list[str]:
     """Alignment keys of the windows dropped as silence: nothing of them is fetched."""
     return [
-        window.alignment.key for window, output in zip(plan.windows, outputs, strict=True)
+        window.alignment.key
+        for window, output in zip(plan.windows, outputs, strict=True)
         if window.alignment is not None and is_silent(output, plan.fallback)
     ]
 
@@ -592,7 +622,8 @@ def window_output(
     eot_logprobs = (_logprob_of(lp, t) for t, lp in zip(ids, sampled, strict=False) if t == tokens.eot)
     eot_logprob = next(eot_logprobs, 0.0)
     return WindowOutput(
-        token_ids, logprobs,
+        token_ids,
+        logprobs,
         avg_logprob=(sum(logprobs) + eot_logprob) / (len(token_ids) + 1),
         compression_ratio=compression_ratio(tokens.decode(token_ids).strip()),
         no_speech_prob=no_speech_prob,

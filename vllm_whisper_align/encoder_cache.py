@@ -70,14 +70,14 @@ class EncoderOutputCache:
 
     def stats(self) -> dict[str, int]:
         return {
-            "encoder_cache_hits": self.hits, "encoder_cache_misses": self.misses,
-            "encoder_cache_entries": len(self.outputs), "encoder_cache_bytes": self.num_bytes,
+            "encoder_cache_hits": self.hits,
+            "encoder_cache_misses": self.misses,
+            "encoder_cache_entries": len(self.outputs),
+            "encoder_cache_bytes": self.num_bytes,
         }
 
 
-def encode_with_cache(
-    cache: EncoderOutputCache, inputs: list[torch.Tensor], encode
-) -> list[torch.Tensor]:
+def encode_with_cache(cache: EncoderOutputCache, inputs: list[torch.Tensor], encode) -> list[torch.Tensor]:
     """``encode(inputs)``'s outputs, one per input, running ``encode`` only on inputs not in the cache
     (and on each distinct one once)."""
     keys = [features_key(features) for features in inputs]

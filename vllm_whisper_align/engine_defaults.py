@@ -151,7 +151,9 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
     from vllm.platforms import current_platform
 
     settings: dict[str, Any] = {
-        "limit_mm_per_prompt": {"audio": 1}, "max_num_seqs": DEFAULT_MAX_NUM_SEQS, "mm_processor_cache_gb": 0,
+        "limit_mm_per_prompt": {"audio": 1},
+        "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
+        "mm_processor_cache_gb": 0,
     }
     on_cpu = current_platform.is_cpu()
     dtype = fast_dtype(on_cpu, cpu_flags())
@@ -182,8 +184,9 @@ def _cpu_kv_cache_bytes(hf_config: Any | None, args: Mapping[str, Any]) -> int:
         dtype = _model_dtype(hf_config)
     block_size = args.get("block_size") or CPU_KV_BLOCK_SIZE
     # A dtype not listed (an fp8 KV cache, say) is sized as float32: more than it needs.
-    return kv_cache_bytes(hf_config, dtype if dtype in DTYPE_BYTES else "float32", args["max_num_seqs"],
-                          block_size)
+    return kv_cache_bytes(
+        hf_config, dtype if dtype in DTYPE_BYTES else "float32", args["max_num_seqs"], block_size
+    )
 
 
 def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
@@ -192,8 +195,10 @@ def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
         reason = "CPU with native bf16" if chosen["dtype"] == "bfloat16" else "CPU without native bf16/fp16"
         parts.append(f"dtype {chosen['dtype']} ({reason}; --dtype overrides)")
     if "kv_cache_memory_bytes" in chosen:
-        parts.append(f"KV cache {chosen['kv_cache_memory_bytes'] / 2**20:.0f} MiB "
-                     f"(sized to the model; --kv-cache-memory-bytes overrides)")
+        parts.append(
+            f"KV cache {chosen['kv_cache_memory_bytes'] / 2**20:.0f} MiB "
+            f"(sized to the model; --kv-cache-memory-bytes overrides)"
+        )
     if "max_num_seqs" in chosen:
         parts.append(f"max_num_seqs {chosen['max_num_seqs']}")
     if "max_num_batched_tokens" in chosen:

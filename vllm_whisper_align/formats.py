@@ -238,8 +238,10 @@ def laid_out_cues(segments: list[list[dict]], options: SubtitleOptions) -> list[
         for i, word in enumerate(subtitle):
             if _ms(last) != _ms(word["start"]):  # the reference compares formatted timestamps
                 cues.append(Cue(last, word["start"], text))
-            underlined = [re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", w["word"]) if j == i else w["word"]
-                          for j, w in enumerate(subtitle)]
+            underlined = [
+                re.sub(r"^(\s*)(.*)$", r"\1<u>\2</u>", w["word"]) if j == i else w["word"]
+                for j, w in enumerate(subtitle)
+            ]
             cues.append(Cue(word["start"], word["end"], "".join(underlined)))
             last = word["end"]
     return cues
@@ -265,8 +267,11 @@ def _subtitles(segments: list[list[dict]], options: SubtitleOptions):
                     line_len += len(word["word"])
                 else:
                     word["word"] = word["word"].strip()
-                    if (subtitle and options.max_line_count is not None
-                            and (long_pause or line_count >= options.max_line_count)) or seg_break:
+                    if (
+                        subtitle
+                        and options.max_line_count is not None
+                        and (long_pause or line_count >= options.max_line_count)
+                    ) or seg_break:
                         yield subtitle
                         subtitle, line_count = [], 1
                     elif line_len > 0:

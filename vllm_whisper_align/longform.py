@@ -446,8 +446,11 @@ MAX_WORD_SECONDS = 3.0
 
 
 def place_prefixes(
-    given: Sequence[str], prefixes: Sequence[Sequence[str]], durations: np.ndarray,
-    starts: Sequence[int] = (0,), unsure: Sequence[int] = (),
+    given: Sequence[str],
+    prefixes: Sequence[Sequence[str]],
+    durations: np.ndarray,
+    starts: Sequence[int] = (0,),
+    unsure: Sequence[int] = (),
 ) -> tuple[np.ndarray, np.ndarray]:
     """First given word of each window, from the normalised words of its prefix, and, per start after
     the first, the words on each side of it that its window shares with the one before
@@ -494,8 +497,9 @@ def _place(prefix: Sequence[str], given: Sequence[str], expected: int, earliest:
     vocabulary: dict[str, int] = {}
     prefix_ids = np.array([vocabulary.setdefault(w, len(vocabulary)) for w in prefix], dtype=np.int64)
     text_ids = np.array([vocabulary.get(w, -1) for w in given[lo : hi + 2 * len(prefix)]], dtype=np.int64)
-    costs = np.array([_prefix_cost(prefix_ids, text_ids[p - lo : p - lo + 2 * len(prefix)])
-                      for p in range(lo, hi)])
+    costs = np.array(
+        [_prefix_cost(prefix_ids, text_ids[p - lo : p - lo + 2 * len(prefix)]) for p in range(lo, hi)]
+    )
     best = np.flatnonzero(costs == costs.min()) + lo
     position = int(best[np.argmin(np.abs(best - expected))])
     while position > lo and costs[position - 1 - lo] == costs[position - lo]:
@@ -628,8 +632,11 @@ def check_method(alignment_method: str) -> None:
 
 
 def transcription_plans(
-    samples: np.ndarray | SpilledSamples, tokens: WhisperTokens, language: str,
-    suppress_tokens: Sequence[int], max_tokens: int | None = None,
+    samples: np.ndarray | SpilledSamples,
+    tokens: WhisperTokens,
+    language: str,
+    suppress_tokens: Sequence[int],
+    max_tokens: int | None = None,
 ) -> list[decoding.Plan]:
     """One greedy transcription plan per window (no word timings): what the model hears in each, or
     its first ``max_tokens`` tokens (:func:`short_pass`).
@@ -639,16 +646,26 @@ def transcription_plans(
     each retry would decode the window again.
     """
     plan = decoding.plan_transcription(
-        samples, tokens, language=language, word_timestamps=False, suppress_tokens=suppress_tokens,
-        fallback=GREEDY_ONLY, sampling={"max_tokens": max_tokens} if max_tokens else None,
+        samples,
+        tokens,
+        language=language,
+        word_timestamps=False,
+        suppress_tokens=suppress_tokens,
+        fallback=GREEDY_ONLY,
+        sampling={"max_tokens": max_tokens} if max_tokens else None,
     )
-    return [decoding.Plan([w], w.duration, plan.language, plan.task, False, plan.fallback)
-            for w in plan.windows]
+    return [
+        decoding.Plan([w], w.duration, plan.language, plan.task, False, plan.fallback) for w in plan.windows
+    ]
 
 
 def alignment_plans(
-    heard: Sequence[decoding.Plan], bodies: Sequence[dict[str, Any]], tokens: WhisperTokens,
-    given: list[TextWord], language: str, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+    heard: Sequence[decoding.Plan],
+    bodies: Sequence[dict[str, Any]],
+    tokens: WhisperTokens,
+    given: list[TextWord],
+    language: str,
+    alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> tuple[Split, list[decoding.Plan | None]]:
     """The given words (:func:`text_words`) split over the windows of ``heard`` (transcribed as
     ``bodies``), and one alignment plan per window (None for a window without text)."""
@@ -658,8 +675,13 @@ def alignment_plans(
 
 
 def window_plans(
-    split: Split, heard: Sequence[decoding.Plan], transcribed: Sequence[Sequence[TextWord]],
-    tokens: WhisperTokens, language: str, alignment_method: str, windows: Sequence[int] | None = None,
+    split: Split,
+    heard: Sequence[decoding.Plan],
+    transcribed: Sequence[Sequence[TextWord]],
+    tokens: WhisperTokens,
+    language: str,
+    alignment_method: str,
+    windows: Sequence[int] | None = None,
 ) -> list[decoding.Plan | None]:
     """One alignment plan per window of ``heard`` (or of those of its ``windows``) for its share of
     ``split`` (None for a window without text), with the fillers of ``split.extra`` (indices into
@@ -719,8 +741,12 @@ Steps = Generator[Step, list[dict[str, Any]], dict[str, Any]]
 
 
 def alignment_steps(
-    samples: np.ndarray | SpilledSamples, token_ids: Sequence[int], tokens: WhisperTokens, language: str,
-    suppress_tokens: Sequence[int], alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+    samples: np.ndarray | SpilledSamples,
+    token_ids: Sequence[int],
+    tokens: WhisperTokens,
+    language: str,
+    suppress_tokens: Sequence[int],
+    alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Steps:
     """The engine work of one recording's long-form alignment (module docstring): the short first pass
     and its second pass; then, for the windows whose text fails :func:`unheard_windows` even with
@@ -741,22 +767,34 @@ def alignment_steps(
             first_failed = int(failed.sum())
             reading = yield from rezone(reading, unheard, prefixes, tokens, language, alignment_method)
             failed = unheard_windows(reading)
-            logger.info("Long-form alignment: %d of %d windows failed the check, %d still do with the "
-                        "boundaries next to their unheard words shared", first_failed, len(prefixes),
-                        int(failed.sum()))
+            logger.info(
+                "Long-form alignment: %d of %d windows failed the check, %d still do with the "
+                "boundaries next to their unheard words shared",
+                first_failed,
+                len(prefixes),
+                int(failed.sum()),
+            )
         regions = realign_regions(failed)
     if regions:
-        logger.info("Long-form alignment: %d of %d windows from a full first pass (%s)",
-                    sum(end - first for first, end in regions), len(prefixes),
-                    "a share overflowed the decoder" if reading is None
-                    else f"{int(failed.sum())} failed the check")
+        logger.info(
+            "Long-form alignment: %d of %d windows from a full first pass (%s)",
+            sum(end - first for first, end in regions),
+            len(prefixes),
+            "a share overflowed the decoder" if reading is None else f"{int(failed.sum())} failed the check",
+        )
         full = transcription_plans(samples, tokens, language, suppress_tokens)
         wanted = [k for first, end in regions for k in range(first, end)]
         transcripts = dict(zip(wanted, (yield "h", [full[k] for k in wanted]), strict=True))
         ranges = [reading.text_range(*region) if reading else (0, len(given)) for region in regions]
         redo = [
-            alignment_plans(full[first:end], [transcripts[k] for k in range(first, end)], tokens,
-                            given[lo:hi], language, alignment_method)
+            alignment_plans(
+                full[first:end],
+                [transcripts[k] for k in range(first, end)],
+                tokens,
+                given[lo:hi],
+                language,
+                alignment_method,
+            )
             for (first, end), (lo, hi) in zip(regions, ranges, strict=True)
         ]
         bodies = iter((yield from _second_pass("a", [p for _, plans in redo for p in plans])))
@@ -770,7 +808,10 @@ def alignment_steps(
 
 
 def short_pass(
-    prefixes: Sequence[decoding.Plan], given: list[TextWord], tokens: WhisperTokens, language: str,
+    prefixes: Sequence[decoding.Plan],
+    given: list[TextWord],
+    tokens: WhisperTokens,
+    language: str,
     alignment_method: str,
 ) -> Generator[Step, list[dict[str, Any]], Reading | None]:
     """Step 0 of the module docstring: each window's prefix (``prefixes``, :func:`transcription_plans`
@@ -809,8 +850,12 @@ def short_pass(
 
 
 def rezone(
-    reading: Reading, unheard: np.ndarray, prefixes: Sequence[decoding.Plan], tokens: WhisperTokens,
-    language: str, alignment_method: str,
+    reading: Reading,
+    unheard: np.ndarray,
+    prefixes: Sequence[decoding.Plan],
+    tokens: WhisperTokens,
+    language: str,
+    alignment_method: str,
 ) -> Generator[Step, list[dict[str, Any]], Reading]:
     """The short pass's ``reading`` with each boundary next to its ``unheard`` words
     (:func:`unheard_words`) shared over them (:func:`widen_zones`), so that :func:`choose_cuts` can
@@ -818,15 +863,20 @@ def rezone(
     its prefix, and a full first pass, miss them). One forced pass of the windows whose share grew;
     the others keep their answers."""
     split = widen_zones(reading.split, reading.cuts, reading.owner, unheard, REZONE_WORDS)
-    changed = [w for w in range(split.num_windows)
-               if not np.array_equal(split.share(w), reading.split.share(w))]
+    changed = [
+        w for w in range(split.num_windows) if not np.array_equal(split.share(w), reading.split.share(w))
+    ]
     if not changed:
         return reading
     plans, bodies = list(reading.plans), list(reading.bodies)
     try:
-        for w, plan in zip(changed, window_plans(
-            split, prefixes, [[] for _ in prefixes], tokens, language, alignment_method, changed
-        ), strict=True):
+        for w, plan in zip(
+            changed,
+            window_plans(
+                split, prefixes, [[] for _ in prefixes], tokens, language, alignment_method, changed
+            ),
+            strict=True,
+        ):
             plans[w], bodies[w] = plan, None
     except decoding.AlignmentInputError:  # a widened share too long for the decoder: the full pass decides
         return reading
@@ -905,7 +955,10 @@ class Reading:
 
     @classmethod
     def read(
-        cls, split: Split, plans: Sequence[decoding.Plan | None], bodies: Sequence[dict[str, Any] | None],
+        cls,
+        split: Split,
+        plans: Sequence[decoding.Plan | None],
+        bodies: Sequence[dict[str, Any] | None],
         first_word: int = 0,
     ) -> Reading:
         """``bodies`` (per window, in window order) against ``split``, whose words are the given
@@ -930,7 +983,7 @@ class Reading:
 
 
 def finish(
-    given: list[TextWord], reading: Reading, tokens: WhisperTokens, duration: float, language: str,
+    given: list[TextWord], reading: Reading, tokens: WhisperTokens, duration: float, language: str
 ) -> dict[str, Any]:
     """Every given word in order, from the window that keeps it, as ``results.finish``'s body
     (+ ``aligned`` on each word)."""
@@ -948,7 +1001,9 @@ def finish(
         timings += token_timings
     _monotonic(words)
     segments = [
-        segment for window, plan in zip(reading.windows, reading.plans, strict=True) if plan is not None
+        segment
+        for window, plan in zip(reading.windows, reading.plans, strict=True)
+        if plan is not None
         for segment in window.segments(plan.windows[0], tokens)
     ]
     plan = decoding.Plan([], duration, language, "align", True)
@@ -972,9 +1027,7 @@ def mark_aligned(body: dict[str, Any]) -> dict[str, Any]:
 class _WindowWords:
     """One window's alignment result, by given-word index (its fillers are read past)."""
 
-    def __init__(
-        self, items: list[Item], body: dict[str, Any] | None, first_word: int = 0,
-    ):
+    def __init__(self, items: list[Item], body: dict[str, Any] | None, first_word: int = 0):
         given = [(position, index) for position, (index, _) in enumerate(items) if index >= 0]
         # given word (counted from the recording's first, hence first_word) -> item position
         self.share = {first_word + index: position for position, index in given}

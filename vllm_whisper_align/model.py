@@ -15,10 +15,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.inputs import TextPrompt
-from vllm.model_executor.models.whisper import (
-    WhisperCrossAttention,
-    WhisperForConditionalGeneration,
-)
+from vllm.model_executor.models.whisper import WhisperCrossAttention, WhisperForConditionalGeneration
 
 from vllm_whisper_align.capture import AlignmentCapture
 from vllm_whisper_align.encoder_cache import EncoderOutputCache, encode_with_cache
@@ -46,7 +43,8 @@ class CapturingCrossAttention(WhisperCrossAttention):
         # Non-persistent buffers: they follow the module to its device and are graph inputs to
         # torch.compile, but never appear in the state dict the weight loader walks.
         self.register_buffer(
-            "captured_q", torch.zeros((max_tokens, *shape), dtype=weight.dtype, device=weight.device),
+            "captured_q",
+            torch.zeros((max_tokens, *shape), dtype=weight.dtype, device=weight.device),
             persistent=False,
         )
         self.register_buffer(
@@ -130,9 +128,11 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
             return super().embed_multimodal(**kwargs)
         features = self._parse_and_validate_audio_input(**kwargs)["input_features"]
         inputs = list(features.unbind(0)) if isinstance(features, torch.Tensor) else list(features)
-        return tuple(encode_with_cache(
-            self.encoder_cache, inputs, lambda batch: self.model.get_encoder_outputs(batch).unbind(0)
-        ))
+        return tuple(
+            encode_with_cache(
+                self.encoder_cache, inputs, lambda batch: self.model.get_encoder_outputs(batch).unbind(0)
+            )
+        )
 
     def load_weights(self, weights):
         loaded = super().load_weights(weights)
@@ -180,7 +180,10 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         )
         logger.info(
             "Word timestamps: capturing %d heads in %d decoder layers (%d alignment heads from %s; "
-            "per-request selection from %d)", len(self.captured_heads.heads), len(layers),
-            len(self.alignment_heads.heads), self.alignment_heads.source, len(self.captured_heads.candidates),
+            "per-request selection from %d)",
+            len(self.captured_heads.heads),
+            len(layers),
+            len(self.alignment_heads.heads),
+            self.alignment_heads.source,
+            len(self.captured_heads.candidates),
         )
-

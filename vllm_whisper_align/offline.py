@@ -80,7 +80,8 @@ class WhisperAligner:
         self.suppress_tokens = decoding.suppressed_tokens(model_config)
         self.language_detection = (
             decoding.LanguageDetection.for_model(model_config, tokenizer)
-            if self.tokens.is_multilingual else None
+            if self.tokens.is_multilingual
+            else None
         )
 
     def close(self) -> None:
@@ -120,8 +121,11 @@ class WhisperAligner:
         alignment heads, openai-whisper's way).
         """
         fallback = decoding.FallbackOptions.starting_at(
-            temperature, compression_ratio_threshold=compression_ratio_threshold,
-            logprob_threshold=logprob_threshold, no_speech_threshold=no_speech_threshold, best_of=best_of,
+            temperature,
+            compression_ratio_threshold=compression_ratio_threshold,
+            logprob_threshold=logprob_threshold,
+            no_speech_threshold=no_speech_threshold,
+            best_of=best_of,
         )
         fallback.validate()
         samples = [_samples(audio) for audio in audios]
@@ -129,8 +133,14 @@ class WhisperAligner:
             languages = self.detect_languages(samples) if language is None else [language] * len(samples)
             plans = [
                 decoding.plan_transcription(
-                    s, self.tokens, language=lang, task=task, word_timestamps=word_timestamps,
-                    prompt=prompt, suppress_tokens=self.suppress_tokens, fallback=fallback,
+                    s,
+                    self.tokens,
+                    language=lang,
+                    task=task,
+                    word_timestamps=word_timestamps,
+                    prompt=prompt,
+                    suppress_tokens=self.suppress_tokens,
+                    fallback=fallback,
                     alignment_method=alignment_method,
                 )
                 for s, lang in zip(samples, languages, strict=True)
@@ -227,8 +237,12 @@ class WhisperAligner:
         language = language or "en"
         steps = [
             longform.alignment_steps(
-                s, decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens), self.tokens,
-                language, self.suppress_tokens, alignment_method,
+                s,
+                decoding.text_to_tokens(item["text"], item["token_ids"], self.tokens),
+                self.tokens,
+                language,
+                self.suppress_tokens,
+                alignment_method,
             )
             for s, item in zip(samples, given, strict=True)
         ]
@@ -258,10 +272,12 @@ class WhisperAligner:
             self.discard(superseded)
             pending = retried
         # Windows dropped as silence are never aligned: their captures go.
-        self.discard([k for plan, outs in zip(plans, per_plan, strict=True)
-                      for k in decoding.dropped_keys(plan, outs)])
+        self.discard(
+            [k for plan, outs in zip(plans, per_plan, strict=True) for k in decoding.dropped_keys(plan, outs)]
+        )
         requests = [
-            r for plan, outs in zip(plans, per_plan, strict=True)
+            r
+            for plan, outs in zip(plans, per_plan, strict=True)
             for r in decoding.alignment_requests(plan, outs)
         ]
         fetched = self.fetch(requests)
@@ -276,8 +292,10 @@ class WhisperAligner:
             [r.engine_prompt() for r in runs], [r.sampling_params for r in runs], use_tqdm=use_tqdm
         )
         probs = self.no_speech_probs(runs)
-        outputs = [decoding.window_output(run, output, self.tokens, prob)
-                   for run, output, prob in zip(runs, request_outputs, probs, strict=True)]
+        outputs = [
+            decoding.window_output(run, output, self.tokens, prob)
+            for run, output, prob in zip(runs, request_outputs, probs, strict=True)
+        ]
         kept, kept_outputs, dropped = decoding.keep_best(windows, outputs)
         for (p, w), window, output in zip(pending, kept, kept_outputs, strict=True):
             plans[p].windows[w], per_plan[p][w] = window, output

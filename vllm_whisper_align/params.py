@@ -193,11 +193,17 @@ class WhisperAlignConfig:
         known = [f.name for f in fields(cls)]
         unknown = set(options) - set(known)
         if unknown:
-            raise ValueError(f"unknown whisper_align options in additional_config: {sorted(unknown)}; "
-                             f"known: {known}")
+            raise ValueError(
+                f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
+            )
         config = cls(**options)
-        if isinstance(config.encoder_cache_mib, bool) or not isinstance(config.encoder_cache_mib, int) \
-                or config.encoder_cache_mib < 0:
-            raise ValueError("whisper_align.encoder_cache_mib must be a whole number of MiB >= 0, got "
-                             f"{config.encoder_cache_mib!r}")
+        if (
+            isinstance(config.encoder_cache_mib, bool)
+            or not isinstance(config.encoder_cache_mib, int)
+            or config.encoder_cache_mib < 0
+        ):
+            raise ValueError(
+                "whisper_align.encoder_cache_mib must be a whole number of MiB >= 0, got "
+                f"{config.encoder_cache_mib!r}"
+            )
         return config

@@ -39,8 +39,14 @@ def register() -> None:
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
     vllm_adapter.install_worker_methods(
         _after_step,
-        {RPC_FETCH: _fetch, RPC_DISCARD: _discard, RPC_STATS: _stats, RPC_NO_SPEECH: _no_speech,
-         RPC_RETURN_IDLE_MEMORY: _return_idle_memory, RPC_CLEAR_ENCODER_CACHE: _clear_encoder_cache},
+        {
+            RPC_FETCH: _fetch,
+            RPC_DISCARD: _discard,
+            RPC_STATS: _stats,
+            RPC_NO_SPEECH: _no_speech,
+            RPC_RETURN_IDLE_MEMORY: _return_idle_memory,
+            RPC_CLEAR_ENCODER_CACHE: _clear_encoder_cache,
+        },
     )
 
 
@@ -94,7 +100,8 @@ def _stats(self) -> dict[str, int]:
     return {
         **_require_capture(self).stats(),
         **(encoder_cache.stats() if encoder_cache is not None else {}),
-        "heap_returns": _heap_returns, "kv_cache_releases": _kv_cache_releases,
+        "heap_returns": _heap_returns,
+        "kv_cache_releases": _kv_cache_releases,
         "kv_cache_bytes": sum(nbytes for _, nbytes in buffers),
         "kv_cache_resident_bytes": sum(memory.resident_bytes(*buffer) for buffer in buffers),
     }

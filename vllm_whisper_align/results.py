@@ -107,7 +107,11 @@ def window_matrix(window: WindowRequest, output: WindowOutput, fetched: dict | N
 
 
 def window_words(
-    window: WindowRequest, output: WindowOutput, jumps: np.ndarray, tokens: WhisperTokens, language: str,
+    window: WindowRequest,
+    output: WindowOutput,
+    jumps: np.ndarray,
+    tokens: WhisperTokens,
+    language: str,
     last_speech: float,
 ) -> tuple[list[Word], list[TokenTiming], float]:
     """Words (absolute times, out of silence) and token timings of one window, and the new
@@ -128,15 +132,16 @@ def window_words(
     # Characters move on as sharply as the selected heads; onsets and ends moved them the wrong way.
     word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
     if method == "auto":
-        word_timing.refine_starts(
-            timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS
-        )
+        word_timing.refine_starts(timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS)
         word_timing.extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
     token_timings = [
         TokenTiming(
-            int(token), tokens.decode_with_special([token]), round_time(window.offset + jumps[i]),
-            round_time(window.offset + jumps[i + 1]), float(probs[i]),
+            int(token),
+            tokens.decode_with_special([token]),
+            round_time(window.offset + jumps[i]),
+            round_time(window.offset + jumps[i + 1]),
+            float(probs[i]),
         )
         for i, token in enumerate(text_tokens)
     ]
@@ -144,8 +149,13 @@ def window_words(
 
 
 def make_segment(
-    window: WindowRequest, output: WindowOutput, token_ids: list[int], logprobs: list[float], text: str,
-    start: float, end: float,
+    window: WindowRequest,
+    output: WindowOutput,
+    token_ids: list[int],
+    logprobs: list[float],
+    text: str,
+    start: float,
+    end: float,
 ) -> Segment:
     return Segment(
         id=0,
@@ -184,10 +194,17 @@ def window_segments(
         # The reference's "instantaneous" segment; given text (forced alignment) is never dropped.
         if group[0].start == group[-1].end and window.forced_tokens is None:
             continue
-        segments.append(make_segment(
-            window, output, output.token_ids[piece], output.token_logprobs[piece],
-            "".join(w.word for w in group), group[0].start, group[-1].end,
-        ))
+        segments.append(
+            make_segment(
+                window,
+                output,
+                output.token_ids[piece],
+                output.token_logprobs[piece],
+                "".join(w.word for w in group),
+                group[0].start,
+                group[-1].end,
+            )
+        )
         segments[-1].words = group
         pieces.append(piece)
     return segments, pieces
@@ -290,7 +307,9 @@ def assemble(plan: Plan, results: Sequence[WindowResult | None]) -> dict[str, An
 
 
 def finish_all(
-    plans: Sequence[Plan], outputs: Sequence[Sequence[WindowOutput]], fetched: Sequence[dict],
+    plans: Sequence[Plan],
+    outputs: Sequence[Sequence[WindowOutput]],
+    fetched: Sequence[dict],
     tokens: WhisperTokens,
 ) -> list[dict[str, Any]]:
     """:func:`finish` of every plan, the plans in parallel threads (NumPy and numba release the GIL):

@@ -193,10 +193,7 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def alignment_matrix(
-    qk: np.ndarray,
-    num_frames: int,
-    medfilt_width: int = MEDFILT_WIDTH,
-    qk_scale: float = 1.0,
+    qk: np.ndarray, num_frames: int, medfilt_width: int = MEDFILT_WIDTH, qk_scale: float = 1.0
 ) -> np.ndarray:
     """Token-to-frame attention matrix (tokens × frames, float32) that DTW aligns.
 

@@ -53,6 +53,7 @@ class WhisperTokens:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, vocab_size: int) -> WhisperTokens:
         """Special tokens of ``tokenizer``; ``vocab_size`` is the model's (``hf_config.vocab_size``)."""
+
         def token_id(text: str) -> int | None:
             ids = tokenizer.convert_tokens_to_ids([text])
             value = ids[0] if ids else None
@@ -90,13 +91,17 @@ class WhisperTokens:
         """A ValueError naming this model's languages when it cannot ``task`` ``language``."""
         if self.is_english_only:
             if language not in (None, "en"):
-                raise ValueError(f"this English-only model transcribes English (language en) only; "
-                                 f"got language {language[:20]!r}")
+                raise ValueError(
+                    f"this English-only model transcribes English (language en) only; "
+                    f"got language {language[:20]!r}"
+                )
             if task == "translate":
                 raise ValueError("this English-only model cannot translate")
         elif language is not None and language not in self.language_ids:
-            raise ValueError(f"unsupported language {language[:20]!r}; this model's languages: "
-                             f"{', '.join(sorted(self.language_ids))}")
+            raise ValueError(
+                f"unsupported language {language[:20]!r}; this model's languages: "
+                f"{', '.join(sorted(self.language_ids))}"
+            )
 
     def transcription_prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
         """The decoder prompt before the text: [sot, language, task, no_timestamps] (multilingual)

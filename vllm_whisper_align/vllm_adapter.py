@@ -19,8 +19,12 @@ SUPPORTED_VLLM_VERSIONS = ((0, 32),)
 
 # SchedulerOutput fields the capture reads after every step (see capture.AlignmentCapture.after_step).
 SCHEDULER_OUTPUT_FIELDS = (
-    "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "total_num_scheduled_tokens",
-    "scheduled_encoder_inputs", "finished_req_ids",
+    "scheduled_new_reqs",
+    "scheduled_cached_reqs",
+    "num_scheduled_tokens",
+    "total_num_scheduled_tokens",
+    "scheduled_encoder_inputs",
+    "finished_req_ids",
 )
 
 

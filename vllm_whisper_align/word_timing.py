@@ -71,9 +71,7 @@ def round_time(seconds: float) -> float:
 # ---------------------------------------------------------------------------- tokens -> words
 
 
-def split_tokens_on_unicode(
-    tokens: Sequence[int], decode: Decode
-) -> tuple[list[str], list[list[int]]]:
+def split_tokens_on_unicode(tokens: Sequence[int], decode: Decode) -> tuple[list[str], list[list[int]]]:
     """Cut wherever the tokens so far decode to whole characters.
 
     ``Tokenizer.split_tokens_on_unicode``.
@@ -182,9 +180,7 @@ def word_timings(
 
 
 def merge_punctuations(
-    alignment: list[WordTiming],
-    prepended: str = PREPEND_PUNCTUATIONS,
-    appended: str = APPEND_PUNCTUATIONS,
+    alignment: list[WordTiming], prepended: str = PREPEND_PUNCTUATIONS, appended: str = APPEND_PUNCTUATIONS
 ) -> None:
     """Glue opening punctuation to the next word and closing punctuation to the previous one.
 
@@ -358,20 +354,18 @@ def add_word_timestamps(
 
     for segment, words in zip(segments, words_per_segment, strict=True):
         segment["start"], segment["end"], last_speech_timestamp = apply_segment_rules(
-            words,
-            segment["start"],
-            segment["end"],
-            median_duration,
-            max_duration,
-            last_speech_timestamp,
+            words, segment["start"], segment["end"], median_duration, max_duration, last_speech_timestamp
         )
         segment["words"] = words
     return last_speech_timestamp
 
 
 def snap_to_speech(
-    words: list[WordTiming], speech: np.ndarray, offset: float,
-    frame_seconds: float = SPEECH_FRAME_SECONDS, neighbour_sound: bool = False,
+    words: list[WordTiming],
+    speech: np.ndarray,
+    offset: float,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
+    neighbour_sound: bool = False,
 ) -> None:
     """Move word starts forward out of silence and word ends back out of it, in place.
 
@@ -385,6 +379,7 @@ def snap_to_speech(
     by a silence belongs to the previous word (the word starts after that silence), and likewise at
     the end. Without it the word is simply trimmed to the sound it covers.
     """
+
     def frame(seconds: float) -> int:
         return int(round((seconds - offset) / frame_seconds))
 
@@ -416,8 +411,12 @@ def starts_quietly(word: str) -> bool:
 
 
 def refine_starts(
-    words: list[WordTiming], flux: SpectralFlux, speech: np.ndarray, offset: float,
-    onset_seconds: float, speech_seconds: float = SPEECH_FRAME_SECONDS,
+    words: list[WordTiming],
+    flux: SpectralFlux,
+    speech: np.ndarray,
+    offset: float,
+    onset_seconds: float,
+    speech_seconds: float = SPEECH_FRAME_SECONDS,
 ) -> None:
     """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it, each
     onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``).
@@ -455,7 +454,10 @@ def refine_starts(
 
 
 def extend_ends(
-    words: list[WordTiming], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS,
+    words: list[WordTiming],
+    speech: np.ndarray,
+    offset: float,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
     sound: np.ndarray | None = None,
 ) -> None:
     """Move each end that falls inside sound forward to where that sound stops, then on through the

@@ -33,8 +33,11 @@ from common import (  # noqa: E402
 def main() -> None:
     parser = runner_parser("CTranslate2 Whisper dir")
     parser.add_argument("--compute-type", default="int8")
-    parser.add_argument("--configs", default="1x1,2x1,1x2",
-                        help="cpu_threads x num_workers per configuration (files run on num_workers threads)")
+    parser.add_argument(
+        "--configs",
+        default="1x1,2x1,1x2",
+        help="cpu_threads x num_workers per configuration (files run on num_workers threads)",
+    )
     args = parser.parse_args()
     configs = [tuple(int(n) for n in config.split("x")) for config in args.configs.split(",")]
 
@@ -48,37 +51,55 @@ def main() -> None:
     def transcribe(model, clip_id):
         start = time.perf_counter()
         segments, _info = model.transcribe(
-            audio[clip_id], language="en", word_timestamps=True, beam_size=1, vad_filter=False,
-            condition_on_previous_text=False, temperature=0.0,
+            audio[clip_id],
+            language="en",
+            word_timestamps=True,
+            beam_size=1,
+            vad_filter=False,
+            condition_on_previous_text=False,
+            temperature=0.0,
         )
         segments = list(segments)  # decoding happens while the generator is consumed
         words = [w for seg in segments for w in (seg.words or [])]
-        return clip_id, {"text": "".join(s.text for s in segments), "words": word_dicts(words),
-                         "latency_s": round(time.perf_counter() - start, 4)}
+        return clip_id, {
+            "text": "".join(s.text for s in segments),
+            "words": word_dicts(words),
+            "latency_s": round(time.perf_counter() - start, 4),
+        }
 
     runs = []
     for threads, workers in configs:
         t_load = time.perf_counter()
-        model = WhisperModel(args.model, device="cpu", compute_type=args.compute_type,
-                             cpu_threads=threads, num_workers=workers)
+        model = WhisperModel(
+            args.model, device="cpu", compute_type=args.compute_type, cpu_threads=threads, num_workers=workers
+        )
         transcribe(model, shortest(items))  # warm-up
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=workers) as pool:
             files = dict(pool.map(partial(transcribe, model), [i["id"] for i in items]))
         t1 = time.perf_counter()
         del model
-        runs.append(run_record(
-            system="faster-whisper", model=args.model_name, precision=args.compute_type, concurrency=workers,
-            config=f"{threads} thread{'s' * (threads > 1)} × {workers} worker{'s' * (workers > 1)}",
-            mode=f"{workers} client threads, num_workers={workers}, cpu_threads={threads}",
-            audio_s=audio_s, wall_s=round(t1 - t0, 3),
-            latencies_s=[files[i["id"]]["latency_s"] for i in items],
-            peak_rss_mib=sampler.peak_between(t_load, t1),
-            peak_pss_mib=sampler.peak_between(t_load, t1, "pss"), maxrss_self_mib=self_maxrss_mib(),
-            files={i["id"]: files[i["id"]] for i in items},
-        ))
-        log(f"faster-whisper {args.compute_type} {threads}x{workers}: "
-            f"{runs[-1]['audio_s_per_wall_s']} audio s/wall s")
+        runs.append(
+            run_record(
+                system="faster-whisper",
+                model=args.model_name,
+                precision=args.compute_type,
+                concurrency=workers,
+                config=f"{threads} thread{'s' * (threads > 1)} × {workers} worker{'s' * (workers > 1)}",
+                mode=f"{workers} client threads, num_workers={workers}, cpu_threads={threads}",
+                audio_s=audio_s,
+                wall_s=round(t1 - t0, 3),
+                latencies_s=[files[i["id"]]["latency_s"] for i in items],
+                peak_rss_mib=sampler.peak_between(t_load, t1),
+                peak_pss_mib=sampler.peak_between(t_load, t1, "pss"),
+                maxrss_self_mib=self_maxrss_mib(),
+                files={i["id"]: files[i["id"]] for i in items},
+            )
+        )
+        log(
+            f"faster-whisper {args.compute_type} {threads}x{workers}: "
+            f"{runs[-1]['audio_s_per_wall_s']} audio s/wall s"
+        )
     sampler.stop()
     write_output(args.out, "faster-whisper", runs)
 

@@ -28,8 +28,9 @@ from common import (  # noqa: E402
 
 def main() -> None:
     parser = runner_parser("openai-whisper checkpoint (.pt)")
-    parser.add_argument("--hf-dir", required=True,
-                        help="HF dir whose generation_config.json has alignment_heads")
+    parser.add_argument(
+        "--hf-dir", required=True, help="HF dir whose generation_config.json has alignment_heads"
+    )
     args = parser.parse_args()
 
     sampler = RssSampler().start()
@@ -44,8 +45,14 @@ def main() -> None:
 
     def transcribe(samples):
         return whisper.transcribe(
-            model, samples, word_timestamps=True, language="en", temperature=0.0,
-            condition_on_previous_text=False, fp16=False, verbose=None,
+            model,
+            samples,
+            word_timestamps=True,
+            language="en",
+            temperature=0.0,
+            condition_on_previous_text=False,
+            fp16=False,
+            verbose=None,
         )
 
     transcribe(audio[shortest(items)])  # warm-up
@@ -56,16 +63,27 @@ def main() -> None:
         result = transcribe(audio[item["id"]])
         latencies.append(time.perf_counter() - start)
         words = [w for seg in result["segments"] for w in seg.get("words", [])]
-        files[item["id"]] = {"text": result["text"], "words": word_dicts(words),
-                             "latency_s": round(latencies[-1], 4)}
+        files[item["id"]] = {
+            "text": result["text"],
+            "words": word_dicts(words),
+            "latency_s": round(latencies[-1], 4),
+        }
     t1 = time.perf_counter()
     sampler.stop()
     run = run_record(
-        system="openai-whisper", model=args.model_name, precision="float32", concurrency=1, mode="sequential",
-        audio_s=round(sum(i["duration"] for i in items), 3), wall_s=round(t1 - t0, 3),
+        system="openai-whisper",
+        model=args.model_name,
+        precision="float32",
+        concurrency=1,
+        mode="sequential",
+        audio_s=round(sum(i["duration"] for i in items), 3),
+        wall_s=round(t1 - t0, 3),
         latencies_s=[round(x, 4) for x in latencies],
-        peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"),
-        maxrss_self_mib=self_maxrss_mib(), threads=torch.get_num_threads(), files=files,
+        peak_rss_mib=sampler.peak_between(0, t1),
+        peak_pss_mib=sampler.peak_between(0, t1, "pss"),
+        maxrss_self_mib=self_maxrss_mib(),
+        threads=torch.get_num_threads(),
+        files=files,
     )
     log(f"openai-whisper: {run['audio_s_per_wall_s']} audio s/wall s, peak {run['peak_rss_mib']} MiB")
     write_output(args.out, "openai-whisper", [run])

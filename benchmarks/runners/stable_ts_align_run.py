@@ -33,6 +33,7 @@ def stand_in_torchaudio() -> None:
     """stable-ts imports torchaudio at the top, for resampling and saving audio; no torchaudio is built for
     the venv's torch (its pin would pull a second torch). Aligning 16 kHz arrays calls none of it, so a
     module that fails if anything is called stands in (a call would end the run, not change a figure)."""
+
     def missing(*_args, **_kwargs):
         raise RuntimeError("torchaudio is not installed in the stable-ts venv")
 
@@ -43,15 +44,17 @@ def stand_in_torchaudio() -> None:
 
     module = types.ModuleType("torchaudio")
     module.__getattr__ = attribute
-    module.functional = types.SimpleNamespace(resample=missing, highpass_biquad=missing,
-                                              lowpass_biquad=missing)
+    module.functional = types.SimpleNamespace(
+        resample=missing, highpass_biquad=missing, lowpass_biquad=missing
+    )
     sys.modules["torchaudio"] = module
 
 
 def main() -> None:
     parser = runner_parser("openai-whisper checkpoint (.pt)")
-    parser.add_argument("--hf-dir", required=True,
-                        help="HF dir whose generation_config.json has alignment_heads")
+    parser.add_argument(
+        "--hf-dir", required=True, help="HF dir whose generation_config.json has alignment_heads"
+    )
     args = parser.parse_args()
 
     sampler = RssSampler().start()
@@ -73,13 +76,23 @@ def main() -> None:
         t0 = time.perf_counter()
         result = align(samples, item["text"])
         t1 = time.perf_counter()
-        runs.append(run_record(
-            system=SYSTEM, model=args.model_name, precision="float32", concurrency=1, mode="align",
-            recording=item["id"], audio_s=item["duration"], wall_s=round(t1 - t0, 3),
-            peak_rss_mib=sampler.peak_between(0, t1), peak_pss_mib=sampler.peak_between(0, t1, "pss"),
-            maxrss_self_mib=self_maxrss_mib(), threads=torch.get_num_threads(),
-            files={item["id"]: {"text": result.text, "words": word_dicts(result.all_words())}},
-        ))
+        runs.append(
+            run_record(
+                system=SYSTEM,
+                model=args.model_name,
+                precision="float32",
+                concurrency=1,
+                mode="align",
+                recording=item["id"],
+                audio_s=item["duration"],
+                wall_s=round(t1 - t0, 3),
+                peak_rss_mib=sampler.peak_between(0, t1),
+                peak_pss_mib=sampler.peak_between(0, t1, "pss"),
+                maxrss_self_mib=self_maxrss_mib(),
+                threads=torch.get_num_threads(),
+                files={item["id"]: {"text": result.text, "words": word_dicts(result.all_words())}},
+            )
+        )
         log(f"stable-ts align {item['id']}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
     sampler.stop()
     write_output(args.out, SYSTEM, runs, stable_ts=stable_whisper.__version__)

@@ -35,8 +35,9 @@ def tasks(aligner) -> dict:
     """Each task: (samples, text) -> one verbose_json body. Transcription ignores the text."""
     return {
         "align": lambda samples, text: aligner.align([samples], [text], language="en")[0],
-        "transcribe": lambda samples, text: aligner.transcribe([samples], language="en",
-                                                               word_timestamps=True)[0],
+        "transcribe": lambda samples, text: aligner.transcribe(
+            [samples], language="en", word_timestamps=True
+        )[0],
     }
 
 
@@ -62,8 +63,9 @@ def main() -> None:
     from vllm_whisper_align.offline import WhisperAligner
 
     dtype, additional_config = engine_variant(args.dtype)
-    aligner = WhisperAligner(args.model, dtype=dtype, max_num_seqs=args.max_num_seqs,
-                             additional_config=additional_config or None)
+    aligner = WhisperAligner(
+        args.model, dtype=dtype, max_num_seqs=args.max_num_seqs, additional_config=additional_config or None
+    )
     precision = precision_label(
         str(aligner.llm.llm_engine.model_config.dtype).replace("torch.", ""), additional_config
     )
@@ -77,14 +79,22 @@ def main() -> None:
         walls, bodies = timed_rounds(run_task, load_wav(item["path"]), item["text"], args.rounds)
         for task, body in bodies.items():
             words = [{k: w.get(k) for k in WORD_KEYS if k in w} for w in body.get("words") or []]
-            runs.append(run_record(
-                system=SYSTEM, model=args.model_name, precision=precision, concurrency=args.max_num_seqs,
-                mode=task, recording=item["id"], audio_s=item["duration"],
-                wall_s=round(statistics.median(walls[task]), 3),
-                round_walls_s=[round(w, 3) for w in walls[task]],
-                peak_rss_mib=sampler.peak(), peak_pss_mib=sampler.peak("pss"),
-                files={item["id"]: {"text": body.get("text", ""), "words": words}},
-            ))
+            runs.append(
+                run_record(
+                    system=SYSTEM,
+                    model=args.model_name,
+                    precision=precision,
+                    concurrency=args.max_num_seqs,
+                    mode=task,
+                    recording=item["id"],
+                    audio_s=item["duration"],
+                    wall_s=round(statistics.median(walls[task]), 3),
+                    round_walls_s=[round(w, 3) for w in walls[task]],
+                    peak_rss_mib=sampler.peak(),
+                    peak_pss_mib=sampler.peak("pss"),
+                    files={item["id"]: {"text": body.get("text", ""), "words": words}},
+                )
+            )
             log(f"{task} {item['id']}: {runs[-1]['audio_s_per_wall_s']} audio s/wall s")
     sampler.stop()
     write_output(args.out, SYSTEM, runs)

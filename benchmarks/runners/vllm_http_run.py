@@ -49,8 +49,18 @@ def start_server(
     exe = Path(sys.executable).parent / "vllm-whisper-align"
     dtype, additional_config = engine_variant(variant)
     # Everything else (KV cache size, served name, thread binding) is serve's own default.
-    command = [str(exe), "serve", *([model] if model else []), "--host", "127.0.0.1", "--port", str(port),
-               "--max-num-seqs", str(max_num_seqs), *extra_args]
+    command = [
+        str(exe),
+        "serve",
+        *([model] if model else []),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        *extra_args,
+    ]
     if dtype != DEFAULT_VARIANT:
         command += ["--dtype", dtype]
     if additional_config:
@@ -58,8 +68,9 @@ def start_server(
     env = dict(os.environ)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log(f"http: starting {' '.join(command)} (log: {log_path})")
-    return subprocess.Popen(command, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
 
 
 def engine_dtype(log_path: Path) -> str:
@@ -103,15 +114,20 @@ async def one_pass(client, model_id: str, items, blobs, concurrency: int, word_t
             start = time.perf_counter()
             if word_timestamps:
                 result = await client.audio.transcriptions.create(
-                    model=model_id, file=(f"{item['id']}.wav", blobs[item["id"]]),
-                    response_format="verbose_json", timestamp_granularities=["word"], language="en",
+                    model=model_id,
+                    file=(f"{item['id']}.wav", blobs[item["id"]]),
+                    response_format="verbose_json",
+                    timestamp_granularities=["word"],
+                    language="en",
                 )
                 body = result.model_dump()
                 words = word_dicts(body.get("words") or [])
             else:
                 result = await client.audio.transcriptions.create(
-                    model=model_id, file=(f"{item['id']}.wav", blobs[item["id"]]),
-                    response_format="json", language="en",
+                    model=model_id,
+                    file=(f"{item['id']}.wav", blobs[item["id"]]),
+                    response_format="json",
+                    language="en",
                 )
                 body, words = result.model_dump(), []
             latency = time.perf_counter() - start
@@ -142,8 +158,9 @@ async def idle_server(base: str, returns_before: int, timeout_s: float = 15.0) -
 def main() -> None:
     parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--off-concurrency", type=int, default=None,
-                        help="default: the highest --concurrency")
+    parser.add_argument(
+        "--off-concurrency", type=int, default=None, help="default: the highest --concurrency"
+    )
     parser.add_argument("--log", default=None)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -190,26 +207,38 @@ def main() -> None:
                     raise RuntimeError(f"the encoder cache still holds {cached} windows before a pass")
                 wall, files = await one_pass(client, model_id, items, blobs, level, flag)
                 t_end = time.perf_counter()
-                runs.append(run_record(
-                    system="vllm-whisper-align (HTTP)", model=args.model_name, precision=precision,
-                    concurrency=level,
-                    mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
-                    word_timestamps=flag, audio_s=audio_s, wall_s=round(wall, 3),
-                    latencies_s=[files[i["id"]]["latency_s"] for i in items],
-                    peak_rss_mib=sampler.peak_between(0, t_end),
-                    peak_pss_mib=sampler.peak_between(0, t_end, "pss"), startup_s=round(startup_s, 1),
-                    files={i["id"]: files[i["id"]] for i in items},
-                ))
-                log(f"http {args.dtype} c={level} timestamps={'on' if flag else 'off'}: "
-                    f"{runs[-1]['audio_s_per_wall_s']} audio s/wall s, p50 {runs[-1]['p50_latency_s']} s")
+                runs.append(
+                    run_record(
+                        system="vllm-whisper-align (HTTP)",
+                        model=args.model_name,
+                        precision=precision,
+                        concurrency=level,
+                        mode=f"vllm-whisper-align serve, openai client, max_num_seqs={args.max_num_seqs}",
+                        word_timestamps=flag,
+                        audio_s=audio_s,
+                        wall_s=round(wall, 3),
+                        latencies_s=[files[i["id"]]["latency_s"] for i in items],
+                        peak_rss_mib=sampler.peak_between(0, t_end),
+                        peak_pss_mib=sampler.peak_between(0, t_end, "pss"),
+                        startup_s=round(startup_s, 1),
+                        files={i["id"]: files[i["id"]] for i in items},
+                    )
+                )
+                log(
+                    f"http {args.dtype} c={level} timestamps={'on' if flag else 'off'}: "
+                    f"{runs[-1]['audio_s_per_wall_s']} audio s/wall s, p50 {runs[-1]['p50_latency_s']} s"
+                )
             await client.close()
 
         asyncio.run(session())
     finally:
         sampler.stop()
         stop_server(proc)
-    on = (next(r for r in runs if r["word_timestamps"] and r["concurrency"] == off_level)
-          if off_level in levels else None)
+    on = (
+        next(r for r in runs if r["word_timestamps"] and r["concurrency"] == off_level)
+        if off_level in levels
+        else None
+    )
     off = next(r for r in runs if not r["word_timestamps"])
     overhead = None
     if on:

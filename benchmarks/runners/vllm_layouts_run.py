@@ -81,34 +81,48 @@ def run_layout(name: str, args, items, blobs, audio_s: float) -> dict:
         stop_server(proc)
     wall = statistics.median(walls)
     return {
-        "layout": name, "flags": LAYOUTS[name], "dtype": args.dtype, "concurrency": args.concurrency,
-        "max_num_seqs": args.max_num_seqs, "audio_s": audio_s, "rounds_wall_s": [round(w, 3) for w in walls],
-        "audio_s_per_wall_s": round(audio_s / wall, 2), "startup_s": round(startup_s, 1),
-        "peak_pss_mib": sampler.peak_between(0, ended, "pss"), "processes_after_warm_up": idle,
+        "layout": name,
+        "flags": LAYOUTS[name],
+        "dtype": args.dtype,
+        "concurrency": args.concurrency,
+        "max_num_seqs": args.max_num_seqs,
+        "audio_s": audio_s,
+        "rounds_wall_s": [round(w, 3) for w in walls],
+        "audio_s_per_wall_s": round(audio_s / wall, 2),
+        "startup_s": round(startup_s, 1),
+        "peak_pss_mib": sampler.peak_between(0, ended, "pss"),
+        "processes_after_warm_up": idle,
     }
 
 
 def section(layouts: dict) -> list[str]:
     """RESULTS.md's section for this runner's output (``layouts``: the JSON it writes)."""
     runs = layouts["runs"]
-    lines = ["## One engine against data parallelism", "",
-             f"`{layouts['command']}` ({layouts['machine']}; {runs[0]['audio_s']} s of audio, "
-             f"concurrency {runs[0]['concurrency']}, word timestamps on, median of "
-             f"{len(runs[0]['rounds_wall_s'])} passes; dtype {runs[0]['dtype']}):", "",
-             "| layout | flags | audio s / wall s | passes (wall s) | peak PSS MiB | start s |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "## One engine against data parallelism",
+        "",
+        f"`{layouts['command']}` ({layouts['machine']}; {runs[0]['audio_s']} s of audio, "
+        f"concurrency {runs[0]['concurrency']}, word timestamps on, median of "
+        f"{len(runs[0]['rounds_wall_s'])} passes; dtype {runs[0]['dtype']}):",
+        "",
+        "| layout | flags | audio s / wall s | passes (wall s) | peak PSS MiB | start s |",
+        "|---|---|---|---|---|---|",
+    ]
     for run in runs:
         flags = " ".join(run["flags"]) or "–"
         passes = ", ".join(map(str, run["rounds_wall_s"]))
-        lines.append(f"| {run['layout']} | `{flags}` | {run['audio_s_per_wall_s']} | {passes} | "
-                     f"{run['peak_pss_mib']} | {run['startup_s']} |")
+        lines.append(
+            f"| {run['layout']} | `{flags}` | {run['audio_s_per_wall_s']} | {passes} | "
+            f"{run['peak_pss_mib']} | {run['startup_s']} |"
+        )
     return lines + [""]
 
 
 def main() -> None:
     parser = runner_parser("HF dir (default: the bundled tiny.en)", model_required=False, engine=True)
-    parser.add_argument("--layouts", default="one-engine,data-parallel-2",
-                        help=f"comma list of {list(LAYOUTS)}")
+    parser.add_argument(
+        "--layouts", default="one-engine,data-parallel-2", help=f"comma list of {list(LAYOUTS)}"
+    )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--log-dir", default=None, help="server logs (default: next to --out)")

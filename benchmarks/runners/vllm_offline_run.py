@@ -40,8 +40,9 @@ def main() -> None:
 
     t_start = time.perf_counter()
     dtype, additional_config = engine_variant(args.dtype)
-    aligner = WhisperAligner(args.model, dtype=dtype, max_num_seqs=args.max_num_seqs,
-                             additional_config=additional_config or None)
+    aligner = WhisperAligner(
+        args.model, dtype=dtype, max_num_seqs=args.max_num_seqs, additional_config=additional_config or None
+    )
     startup_s = time.perf_counter() - t_start
     items = load_manifest(args.manifest)
     samples = [load_wav(item["path"]) for item in items]
@@ -49,8 +50,12 @@ def main() -> None:
 
     def run(mode: str):
         t0 = time.perf_counter()
-        results = aligner.transcribe(samples, language="en", word_timestamps=mode != "off",
-                                     alignment_method="fixed" if mode == "fixed" else "auto")
+        results = aligner.transcribe(
+            samples,
+            language="en",
+            word_timestamps=mode != "off",
+            alignment_method="fixed" if mode == "fixed" else "auto",
+        )
         return time.perf_counter() - t0, results
 
     order = sorted(range(len(items)), key=lambda k: items[k]["duration"])
@@ -76,28 +81,46 @@ def main() -> None:
     runs = []
     for mode in ("auto", "off", "fixed"):
         files = {
-            item["id"]: {"text": r.get("text", ""), "words": [
-                {k: w.get(k) for k in ("word", "start", "end", "probability")} for w in r.get("words") or []
-            ]}
+            item["id"]: {
+                "text": r.get("text", ""),
+                "words": [
+                    {k: w.get(k) for k in ("word", "start", "end", "probability")}
+                    for w in r.get("words") or []
+                ],
+            }
             for item, r in zip(items, last[mode], strict=True)
         }
         median = statistics.median(walls[mode])
-        runs.append(run_record(
-            system="vllm-whisper-align (offline)", model=args.model_name, precision=dtype,
-            config="fixed heads" if mode == "fixed" else None,
-            concurrency=args.max_num_seqs,
-            mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
-            word_timestamps=mode != "off", audio_s=audio_s, wall_s=round(median, 3),
-            round_walls_s=[round(w, 3) for w in walls[mode]],
-            peak_rss_mib=sampler.peak(), peak_pss_mib=sampler.peak("pss"),
-            startup_s=round(startup_s, 1), files=files,
-        ))
+        runs.append(
+            run_record(
+                system="vllm-whisper-align (offline)",
+                model=args.model_name,
+                precision=dtype,
+                config="fixed heads" if mode == "fixed" else None,
+                concurrency=args.max_num_seqs,
+                mode=f"WhisperAligner, all clips at once, max_num_seqs={args.max_num_seqs}",
+                word_timestamps=mode != "off",
+                audio_s=audio_s,
+                wall_s=round(median, 3),
+                round_walls_s=[round(w, 3) for w in walls[mode]],
+                peak_rss_mib=sampler.peak(),
+                peak_pss_mib=sampler.peak("pss"),
+                startup_s=round(startup_s, 1),
+                files=files,
+            )
+        )
     on, off, fixed = (statistics.median(walls[mode]) for mode in ("auto", "off", "fixed"))
     overhead = round(100 * ((audio_s / off) - (audio_s / on)) / (audio_s / off), 2)
     selection_cost = round(100 * ((audio_s / fixed) - (audio_s / on)) / (audio_s / fixed), 2)
     log(f"offline {dtype}: overhead of word timestamps {overhead}%; of head selection {selection_cost}%")
-    write_output(args.out, "vllm-whisper-align (offline)", runs, overhead_pct=overhead,
-                 alignment_method_cost_pct=selection_cost, capture_stats=aligner.capture_stats())
+    write_output(
+        args.out,
+        "vllm-whisper-align (offline)",
+        runs,
+        overhead_pct=overhead,
+        alignment_method_cost_pct=selection_cost,
+        capture_stats=aligner.capture_stats(),
+    )
     aligner.llm.llm_engine.engine_core.shutdown()
 
 

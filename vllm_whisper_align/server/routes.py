@@ -47,8 +47,14 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 
 # SamplingParams fields a transcription form may set, with their types.
 SAMPLING_FIELDS = {
-    "temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
-    "frequency_penalty": float, "presence_penalty": float, "repetition_penalty": float,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "seed": int,
+    "frequency_penalty": float,
+    "presence_penalty": float,
+    "repetition_penalty": float,
     "max_completion_tokens": int,
 }
 
@@ -56,9 +62,12 @@ SAMPLING_FIELDS = {
 # API has none); "none" turns one off, as None does there.
 FALLBACK_FIELDS = ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
 
+
 def _method_schema(methods: tuple[str, ...]) -> dict[str, Any]:
-    description = ("how word times are read: auto (per-request heads, onset-refined starts; default), "
-                   "fixed (the model's tuned alignment heads, as openai-whisper)")
+    description = (
+        "how word times are read: auto (per-request heads, onset-refined starts; default), "
+        "fixed (the model's tuned alignment heads, as openai-whisper)"
+    )
     if "characters" in methods:
         description += ", characters (the text forced one character per token; audio up to 30 s)"
     return {"alignment_method": {"type": "string", "enum": list(methods), "description": description}}
@@ -75,41 +84,55 @@ def _multipart_schema(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 SUBTITLE_SCHEMA = {
-    **{name: {"type": "integer", "minimum": 1, "description": "srt/vtt line control (openai-whisper's)"}
-       for name in SUBTITLE_FIELDS},
+    **{
+        name: {"type": "integer", "minimum": 1, "description": "srt/vtt line control (openai-whisper's)"}
+        for name in SUBTITLE_FIELDS
+    },
     "highlight_words": {"type": "boolean", "description": "srt/vtt: a cue per word, underlined"},
 }
 
-FORM_SCHEMA = _multipart_schema({
-    "model": {"type": "string"},
-    "language": {"type": "string"},
-    "prompt": {"type": "string"},
-    "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
-    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)}},
-    "temperature": {"type": "number"},
-    **{name: {"type": "number"} for name in FALLBACK_FIELDS},
-    "best_of": {"type": "integer", "minimum": 1, "maximum": decoding.MAX_BEST_OF,
-                "description": "candidates sampled per window above temperature 0, the likeliest kept "
-                               f"(default {decoding.BEST_OF})"},
-    "stream": {"type": "boolean"},
-    **_method_schema(TRANSCRIPTION_METHODS),
-    **SUBTITLE_SCHEMA,
-})
+FORM_SCHEMA = _multipart_schema(
+    {
+        "model": {"type": "string"},
+        "language": {"type": "string"},
+        "prompt": {"type": "string"},
+        "response_format": {"type": "string", "enum": list(RESPONSE_FORMATS)},
+        "timestamp_granularities[]": {
+            "type": "array",
+            "items": {"type": "string", "enum": list(GRANULARITIES)},
+        },
+        "temperature": {"type": "number"},
+        **{name: {"type": "number"} for name in FALLBACK_FIELDS},
+        "best_of": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": decoding.MAX_BEST_OF,
+            "description": "candidates sampled per window above temperature 0, the likeliest kept "
+            f"(default {decoding.BEST_OF})",
+        },
+        "stream": {"type": "boolean"},
+        **_method_schema(TRANSCRIPTION_METHODS),
+        **SUBTITLE_SCHEMA,
+    }
+)
 
-ALIGNMENT_SCHEMA = _multipart_schema({
-    "model": {"type": "string"},
-    "text": {"type": "string", "description": "text spoken in the audio"},
-    "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
-    "subtitles": {
-        "type": "string", "format": "binary",
-        "description": "SRT or WebVTT file of the audio to re-time (instead of text): every cue keeps its "
-                       "number and text and gets new times; response_format defaults to the file's format",
-    },
-    "language": {"type": "string"},
-    "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
-    **_method_schema(ALIGNMENT_METHODS),
-    **SUBTITLE_SCHEMA,
-})
+ALIGNMENT_SCHEMA = _multipart_schema(
+    {
+        "model": {"type": "string"},
+        "text": {"type": "string", "description": "text spoken in the audio"},
+        "tokens": {"type": "string", "description": "JSON list of token ids (instead of text)"},
+        "subtitles": {
+            "type": "string",
+            "format": "binary",
+            "description": "SRT or WebVTT file of the audio to re-time (instead of text): every cue keeps "
+            "its number and text and gets new times; response_format defaults to the file's format",
+        },
+        "language": {"type": "string"},
+        "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
+        **_method_schema(ALIGNMENT_METHODS),
+        **SUBTITLE_SCHEMA,
+    }
+)
 
 
 def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
@@ -141,7 +164,8 @@ async def _audio(form: Any, service: AlignmentService):
     if len(data) > limits.max_file_bytes:
         raise RequestError(
             f"file is {len(data)} bytes; at most {limits.max_file_bytes} bytes ({limits.max_file_mb:g} MB) "
-            "are accepted", "file",
+            "are accepted",
+            "file",
         )
     if not data:
         raise RequestError("`file` is empty", "file")
@@ -229,8 +253,9 @@ def _fallback(form: Any, temperature: float) -> decoding.FallbackOptions:
     try:
         options.validate()
     except ValueError as error:
-        param = next((name for name in (*FALLBACK_FIELDS, "best_of") if str(error).startswith(name)),
-                     "temperature")
+        param = next(
+            (name for name in (*FALLBACK_FIELDS, "best_of") if str(error).startswith(name)), "temperature"
+        )
         raise RequestError(str(error), param) from None
     return options
 
@@ -259,7 +284,9 @@ def _subtitle_options(form: Any) -> SubtitleOptions:
 
 
 def _render(
-    result: dict[str, Any], response_format: str, granularities: list[str],
+    result: dict[str, Any],
+    response_format: str,
+    granularities: list[str],
     options: SubtitleOptions | None = None,
 ) -> Response:
     if response_format == "verbose_json":
@@ -318,7 +345,8 @@ async def _speech_to_text(raw_request: Request, service: AlignmentService, form:
         if granularities or response_format not in ("json", "text"):
             raise RequestError(
                 "`stream=true` cannot carry word or segment timestamps; send the request without "
-                "`stream`, or stream without `timestamp_granularities[]`", "stream",
+                "`stream`, or stream without `timestamp_granularities[]`",
+                "stream",
             )
         return await _stream_with_vllm(raw_request, service, form, task)
     sampling = _sampling(form)
@@ -402,8 +430,12 @@ async def _alignment(raw_request: Request, service: AlignmentService, form: Any)
         raise RequestError("give exactly one of `text` or `tokens`", "text")
     samples = await _audio(form, service)
     result = await service.align(
-        samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=token_ids,
-        language=_text(form, "language") or None, alignment_method=alignment_method,
+        samples,
+        request_id=f"algn-{random_uuid()}",
+        text=text,
+        token_ids=token_ids,
+        language=_text(form, "language") or None,
+        alignment_method=alignment_method,
     )
     if response_format == "json":
         return JSONResponse({k: result[k] for k in ("text", "words", "tokens")})
@@ -426,8 +458,12 @@ async def _retiming(service: AlignmentService, form: Any) -> Response:
     samples = await _audio(form, service)
     try:
         result = await service.align(
-            samples, request_id=f"algn-{random_uuid()}", text=text, token_ids=None,
-            language=_text(form, "language") or None, alignment_method=alignment_method,
+            samples,
+            request_id=f"algn-{random_uuid()}",
+            text=text,
+            token_ids=None,
+            language=_text(form, "language") or None,
+            alignment_method=alignment_method,
         )
     except RequestError as error:
         if error.param == "text":  # the text came from the subtitles
@@ -464,7 +500,6 @@ def _token_ids(raw: str | None) -> list[int] | None:
     return ids
 
 
-
 async def _stream_with_vllm(
     raw_request: Request, service: AlignmentService, form: Any, task: str
 ) -> Response:
@@ -484,8 +519,7 @@ async def _stream_with_vllm(
     fields = {name: value for name, value in form.multi_items() if name != "file"}
     if any(isinstance(value, UploadFile) for value in fields.values()):
         raise RequestError(
-            "only `file` may be a file part",
-            next(n for n, v in fields.items() if isinstance(v, UploadFile)),
+            "only `file` may be a file part", next(n for n, v in fields.items() if isinstance(v, UploadFile))
         )
     language = service.checked_language(fields.get("language") or None, task)
     if language is None and service.tokens.is_english_only:

@@ -90,16 +90,15 @@ def windows_in_flight(vllm_config: Any) -> int:
 
 
 class AlignmentService:
-    def __init__(
-        self, engine_client, tokenizer, served_model_names: list[str], limits: ServiceLimits
-    ):
+    def __init__(self, engine_client, tokenizer, served_model_names: list[str], limits: ServiceLimits):
         model_config = engine_client.model_config
         self.engine_client = engine_client
         self.suppress_tokens = decoding.suppressed_tokens(model_config)
         self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
         self.language_detection = (
             decoding.LanguageDetection.for_model(model_config, tokenizer)
-            if self.tokens.is_multilingual else None
+            if self.tokens.is_multilingual
+            else None
         )
         self.served_model_names = served_model_names
         self.limits = limits
@@ -154,7 +153,8 @@ class AlignmentService:
         if model and model not in self.served_model_names:
             raise RequestError(
                 f"The model {echo(model)} does not exist; this server serves "
-                + ", ".join(f"`{name}`" for name in self.served_model_names), "model",
+                + ", ".join(f"`{name}`" for name in self.served_model_names),
+                "model",
             )
 
     def checked_language(self, language: str | None, task: str = "transcribe") -> str | None:
@@ -200,17 +200,30 @@ class AlignmentService:
             language = await self.detect_language(samples, f"{request_id}-lang")
         try:
             plan = decoding.plan_transcription(
-                samples, self.tokens, language=language, task=task,
-                word_timestamps=word_timestamps, prompt=prompt, sampling=sampling,
-                suppress_tokens=self.suppress_tokens, fallback=fallback, alignment_method=alignment_method,
+                samples,
+                self.tokens,
+                language=language,
+                task=task,
+                word_timestamps=word_timestamps,
+                prompt=prompt,
+                sampling=sampling,
+                suppress_tokens=self.suppress_tokens,
+                fallback=fallback,
+                alignment_method=alignment_method,
             )
         except ValueError as error:
             raise RequestError(str(error), "language") from None
         return await self._run(plan, request_id)
 
     async def align(
-        self, samples: np.ndarray, *, request_id: str, text: str | None, token_ids: list[int] | None,
-        language: str | None, alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+        self,
+        samples: np.ndarray,
+        *,
+        request_id: str,
+        text: str | None,
+        token_ids: list[int] | None,
+        language: str | None,
+        alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
     ) -> dict[str, Any]:
         self.check_duration(samples)
         language = self.checked_language(language)
@@ -221,7 +234,11 @@ class AlignmentService:
             )
         try:
             plan = decoding.plan_alignment(
-                samples, self.tokens, text=text, token_ids=token_ids, language=language,
+                samples,
+                self.tokens,
+                text=text,
+                token_ids=token_ids,
+                language=language,
                 alignment_method=alignment_method,
             )
         except ValueError as error:
@@ -229,8 +246,14 @@ class AlignmentService:
         return longform.mark_aligned(await self._run(plan, request_id))
 
     async def _align_long(
-        self, samples: np.ndarray, request_id: str, text: str | None, token_ids: list[int] | None,
-        language: str, field: str, alignment_method: str,
+        self,
+        samples: np.ndarray,
+        request_id: str,
+        text: str | None,
+        token_ids: list[int] | None,
+        language: str,
+        field: str,
+        alignment_method: str,
     ) -> dict[str, Any]:
         """``longform.alignment_steps``, each step's windows run concurrently, so they batch together;
         the text matching between steps is NumPy work of up to seconds (30k words): off the event loop."""
@@ -252,9 +275,9 @@ class AlignmentService:
             if step is None:
                 return body
             name, plans = step
-            bodies = await asyncio.gather(*[
-                self._run(plan, f"{request_id}-{name}{k}", slots) for k, plan in enumerate(plans)
-            ])
+            bodies = await asyncio.gather(
+                *[self._run(plan, f"{request_id}-{name}{k}", slots) for k, plan in enumerate(plans)]
+            )
 
     async def detect_language(self, samples: np.ndarray, request_id: str) -> str:
         prompt, params = self.language_detection.request(samples)
@@ -274,8 +297,11 @@ class AlignmentService:
         try:
             # All windows, then those that fall back to the next temperature, together.
             while pending:
-                ids = [f"{request_id}-{i}-{plan.windows[i].attempt}-{j}"
-                       for i in pending for j in range(len(plan.windows[i].candidates()))]
+                ids = [
+                    f"{request_id}-{i}-{plan.windows[i].attempt}-{j}"
+                    for i in pending
+                    for j in range(len(plan.windows[i].candidates()))
+                ]
                 await self._generate_windows(plan, outputs, pending, ids, slots)
                 pending, superseded = decoding.fall_back(plan, outputs, pending)
                 await self.discard(superseded)
@@ -285,8 +311,11 @@ class AlignmentService:
             # The client went away: stop its engine requests and drop what was captured for them.
             keys = plan.capture_keys()
             await asyncio.gather(self.engine_client.abort(ids), self.discard(keys), return_exceptions=True)
-            logger.info("%s: the client went away; aborted its %d engine requests and dropped their captures",
-                        request_id, len(ids))
+            logger.info(
+                "%s: the client went away; aborted its %d engine requests and dropped their captures",
+                request_id,
+                len(ids),
+            )
             raise
         # Normalisation and DTW (numba, GIL released) off the event loop.
         return await asyncio.to_thread(results.finish, plan, outputs, fetched, self.tokens)
@@ -305,8 +334,10 @@ class AlignmentService:
 
         finals = await asyncio.gather(*[generate_in_turn(r, i) for r, i in zip(runs, ids, strict=True)])
         probs = decoding.no_speech_probs(runs, await self.no_speech(decoding.no_speech_keys(runs)))
-        run_outputs = [decoding.window_output(run, final, self.tokens, prob)
-                       for run, final, prob in zip(runs, finals, probs, strict=True)]
+        run_outputs = [
+            decoding.window_output(run, final, self.tokens, prob)
+            for run, final, prob in zip(runs, finals, probs, strict=True)
+        ]
         kept, kept_outputs, dropped = decoding.keep_best(windows, run_outputs)
         for index, window, output in zip(pending, kept, kept_outputs, strict=True):
             plan.windows[index], outputs[index] = window, output
