@@ -69,7 +69,7 @@ EXTRA_SENTENCES = [
 ALL_SENTENCES = list(SENTENCES) + EXTRA_SENTENCES
 
 # Continuous speech (no pauses between words; tests/speech.py synthesize_sentence). Held out: the
-# boundary method's constants (timing.select_heads, word_timing.ONSET_SEARCH_S) were chosen on other
+# boundary method's constants (timing.select_heads, align.boundaries.ONSET_SEARCH_S) were chosen on other
 # sentences, voices and rates (pairs of ALL_SENTENCES; en-us, en, en-us+f3, en-gb-x-rp, en-us+m3,
 # en-029 at 140-190 wpm), never on these.
 CONTINUOUS_SENTENCES = [

@@ -10,7 +10,7 @@ times under distinct ids, as files (both sides decode them). Each round runs, in
 1. offline: ``WhisperAligner.transcribe(paths, word_timestamps=True)``, every clip in one call, on an
    engine started once before the rounds (after a one-clip warm-up); then, as separate rounds, the same
    in calls of ``--batch-size`` items one after another (the job's shape without Ray);
-2. batch: ``batch_ray.run_job`` into a fresh output directory, as the CLI runs it: a local Ray starts,
+2. batch: ``batch.on_ray.run_job`` into a fresh output directory, as the CLI runs it: a local Ray starts,
    one replica starts its engine, the items go through ``map_batches`` in batches of ``--batch-size``,
    each result is written to ``<id>.json`` and its row to ``summary.jsonl``, Ray stops.
 
@@ -98,7 +98,7 @@ def find_replica() -> int | None:
 
 
 def corpus(audio_dir: Path, repeats: int) -> list:
-    from vllm_whisper_align.batch import Item
+    from vllm_whisper_align.batch.job import Item
 
     truth = json.loads((audio_dir / "truth.json").read_text())
     return [
@@ -109,7 +109,7 @@ def corpus(audio_dir: Path, repeats: int) -> list:
 
 
 def offline_rounds(items, rounds: int, batch_size: int) -> dict:
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     paths = [item.audio for item in items]
     with PeakPss(os.getpid) as memory:
@@ -143,7 +143,7 @@ def offline_rounds(items, rounds: int, batch_size: int) -> dict:
 def interleaved_rounds(items, rounds: int, batch_size: int) -> tuple[dict, dict]:
     """Offline pass, then a job, per round, the offline engine kept (idle) through the jobs: a drift of the
     machine's speed lands on both sides alike."""
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     paths = [item.audio for item in items]
     started = time.perf_counter()
@@ -175,8 +175,8 @@ def batch_rounds(items, rounds: int, batch_size: int, job_tree: bool = True) -> 
     """``job_tree``: also sample the PSS of everything the job runs (driver, Ray, replica). Off when the
     driver holds the offline engine too: its value would count that engine, and walking its page tables
     every 5 s took CPU from the job being timed (the offline passes sample their own tree only)."""
-    from vllm_whisper_align.batch import JobOptions
-    from vllm_whisper_align.batch_ray import run_job
+    from vllm_whisper_align.batch.job import JobOptions
+    from vllm_whisper_align.batch.on_ray import run_job
 
     processing, totals, ray_starts, replica_starts, replica_pss, job_pss = [], [], [], [], [], []
     stops = []
@@ -240,7 +240,7 @@ def main() -> int:
     if not (args.audio_dir / "truth.json").exists():
         print(f"no {args.audio_dir}/truth.json: make the clips with benchmarks/audio.py", file=sys.stderr)
         return 2
-    from vllm_whisper_align.audio import decode_audio
+    from vllm_whisper_align.audio.decode import decode_audio
 
     items = corpus(args.audio_dir, args.repeats)
     audio_s = sum(len(decode_audio(item.audio)) for item in items) / 16000

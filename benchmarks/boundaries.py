@@ -54,8 +54,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
     parser.add_argument("--methods", default="auto,fixed")
     args = parser.parse_args()
-    from vllm_whisper_align.checkpoints import base_model_path, default_model_path
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     truth = json.loads((HERE / "out" / "audio" / "truth.json").read_text())
     by_kind = clips_by_kind(truth)

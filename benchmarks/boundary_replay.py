@@ -97,9 +97,9 @@ def clip_sets() -> dict[str, list[SpokenClip]]:
 
 
 def record(out: Path) -> None:
-    from vllm_whisper_align import results
-    from vllm_whisper_align.checkpoints import default_model_path
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.align import results
+    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     sets = clip_sets()
     calls: list[dict] = []
@@ -143,8 +143,8 @@ def record(out: Path) -> None:
 def load(path: Path) -> tuple[dict, object]:
     from transformers import AutoTokenizer
 
-    from vllm_whisper_align.checkpoints import default_model_path
-    from vllm_whisper_align.tokenizer import WhisperTokens
+    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.tokens import WhisperTokens
 
     with open(path, "rb") as file:
         recorded = pickle.load(file)
@@ -155,7 +155,7 @@ def load(path: Path) -> tuple[dict, object]:
 
 def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict]]:
     """Every clip's words, from the recorded engine answers through today's post-processing."""
-    from vllm_whisper_align import results
+    from vllm_whisper_align.align import results
 
     words = []
     for call in recorded[(name, mode)]:

@@ -218,7 +218,7 @@ def log(*parts: Any) -> None:
 
 
 # Variants of this project's engine, named like dtypes in --dtypes: "<dtype>" or "<dtype>+int8enc"
-# (encoder linear layers in int8, see vllm_whisper_align.quantization).
+# (encoder linear layers in int8, see vllm_whisper_align.engine.int8).
 INT8_ENCODER_SUFFIX = "+int8enc"
 
 

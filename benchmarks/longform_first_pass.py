@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     short_pass, check = longform.short_pass, longform.unheard_windows
     state = {"short": True, "fallbacks": 0}

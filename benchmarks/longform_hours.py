@@ -36,7 +36,7 @@ from audio import build_alignment  # noqa: E402
 from common import load_wav, log  # noqa: E402
 from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
 
-from vllm_whisper_align.audio import SAMPLE_RATE  # noqa: E402
+from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out"
 RECORDING_ID = "align_continuous"
@@ -226,7 +226,7 @@ def main() -> None:
     parser.add_argument("--hours", type=float, nargs="+", default=[3.0])
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
-    from vllm_whisper_align.server.service import MAX_AUDIO_ENV
+    from vllm_whisper_align.runners.service import MAX_AUDIO_ENV
 
     recordings = [build_recording(hours) for hours in args.hours]
     longest = max(duration for _, _, _, duration, _ in recordings)

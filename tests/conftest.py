@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from vllm_whisper_align.checkpoints import default_model_path
+    from vllm_whisper_align.checkpoints.bundled import default_model_path
 
     return default_model_path()
 
@@ -25,7 +25,7 @@ def model_dir() -> Path:
 @pytest.fixture(scope="session")
 def aligner(model_dir):
     """The offline API over a real engine; float32 so parity with openai-whisper (float32) is fair."""
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     engine = WhisperAligner(str(model_dir), dtype="float32", max_num_seqs=16)
     yield engine

@@ -17,7 +17,7 @@ import torch
 import whisper
 import whisper.tokenizer
 
-from vllm_whisper_align.checkpoints import to_openai_whisper_checkpoint
+from vllm_whisper_align.checkpoints.ct2 import to_openai_whisper_checkpoint
 
 
 def _checkpoint_path(hf_dir: Path) -> Path:

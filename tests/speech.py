@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vllm_whisper_align.audio import SAMPLE_RATE, decode_audio
+from vllm_whisper_align.audio.decode import decode_audio
+from vllm_whisper_align.constants import SAMPLE_RATE
 
 # A word's sound starts/ends at the first/last sample this far below its peak (-60 dB).
 # espeak-ng's own silence is exact zeros, so this only has to clear resampler ringing.

@@ -15,22 +15,16 @@ from hypothesis import strategies as st
 from silence import state_total_samples, write_silent_flac
 from speech import long_clip, sentence_clips, write_wav
 
-from vllm_whisper_align.audio import (
-    CHUNK_SECONDS,
-    HOP_LENGTH,
-    MIN_CHUNK_SECONDS,
-    N_SAMPLES,
-    SAMPLE_RATE,
+from vllm_whisper_align.audio.decode import (
     SPILL_AFTER_WINDOWS,
-    AudioChunk,
     AudioError,
     AudioTooLongError,
     SpilledSamples,
-    chunk_audio,
     decode_audio,
-    num_mel_frames,
-    sample_path,
 )
+from vllm_whisper_align.audio.windows import MIN_CHUNK_SECONDS, AudioChunk, chunk_audio
+from vllm_whisper_align.checkpoints.bundled import sample_path
+from vllm_whisper_align.constants import CHUNK_SECONDS, HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, num_mel_frames
 
 
 @pytest.fixture(scope="module")
@@ -561,7 +555,7 @@ def test_long_silence_is_cut_into_full_windows():
 
 
 def test_sound_frames_keep_the_quiet_tail_that_the_speech_mask_leaves_out():
-    from vllm_whisper_align.audio import sound_frames, speech_frames
+    from vllm_whisper_align.audio.features import sound_frames, speech_frames
 
     t = np.arange(8000) / 16000
     tone = np.sin(2 * np.pi * 300 * t)
@@ -580,7 +574,7 @@ def test_sound_frames_keep_the_quiet_tail_that_the_speech_mask_leaves_out():
 
 
 def test_spectral_flux_rises_where_a_sound_begins_and_falls_where_it_ends():
-    from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, spectral_flux
+    from vllm_whisper_align.audio.features import ONSET_FRAME_SECONDS, spectral_flux
 
     rng = np.random.default_rng(0)
     tone = 0.3 * np.sin(2 * np.pi * 440 * np.arange(8000) / 16000)

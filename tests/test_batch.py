@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from speech import sentence_clips, start_errors, write_wav
 
-from vllm_whisper_align import batch
-from vllm_whisper_align.batch import Item, JobOptions, ManifestError
+from vllm_whisper_align.batch import job
+from vllm_whisper_align.batch.job import Item, JobOptions, ManifestError
 
 ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]
 # The environment variable that marks every process one CLI run starts (Ray's, the engine's), so the
@@ -43,7 +43,7 @@ def test_manifest_items_and_paths(tmp_path):
         ],
     )
     (tmp_path / "m.jsonl").write_text(manifest.read_text() + "\n   \n")  # blank lines are skipped
-    items = batch.read_manifest(manifest)
+    items = job.read_manifest(manifest)
     assert items == [
         Item("a", str(tmp_path / "clips" / "a.wav")),  # relative to the manifest's folder
         Item("7", "/abs/b.flac", language="de"),
@@ -71,20 +71,20 @@ def test_manifest_items_and_paths(tmp_path):
 def test_manifest_refuses_bad_lines(tmp_path, entry, message):
     manifest = write_manifest(tmp_path / "m.jsonl", [{"id": "ok", "audio": "ok.wav"}, entry])
     with pytest.raises(ManifestError, match=f"m.jsonl:2: .*{message}"):
-        batch.read_manifest(manifest)
+        job.read_manifest(manifest)
 
 
 def test_manifest_refuses_duplicates_bad_json_and_nothing(tmp_path):
     entries = [{"id": "a", "audio": "1.wav"}, {"id": "a", "audio": "2.wav"}]
     manifest = write_manifest(tmp_path / "m.jsonl", entries)
     with pytest.raises(ManifestError, match="m.jsonl:2: duplicate id 'a' .first on line 1"):
-        batch.read_manifest(manifest)
+        job.read_manifest(manifest)
     (tmp_path / "broken.jsonl").write_text('{"id": "a", "audio": \n')
     with pytest.raises(ManifestError, match="broken.jsonl:1:"):
-        batch.read_manifest(tmp_path / "broken.jsonl")
+        job.read_manifest(tmp_path / "broken.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ManifestError, match="no items"):
-        batch.read_manifest(tmp_path / "empty.jsonl")
+        job.read_manifest(tmp_path / "empty.jsonl")
 
 
 def test_cli_bad_manifest_is_one_line_and_exit_2(tmp_path):
@@ -127,21 +127,21 @@ def test_without_ray_one_line_names_the_extra(tmp_path):
 
 def test_done_ids_count_whole_result_files_only(tmp_path):
     items = [Item(name, "x.wav") for name in ("a", "b", "c", "summary")]
-    batch.write_atomically(tmp_path / "a.json", "{}")
+    job.write_atomically(tmp_path / "a.json", "{}")
     (tmp_path / ".b.json.k2j3.tmp").write_text("{half")  # what a kill mid-write leaves
     (tmp_path / "summary.jsonl").write_text("")
     (tmp_path / "other.json").write_text("{}")  # not in the manifest
-    assert batch.done_ids(tmp_path, items) == {"a"}
-    assert batch.done_ids(tmp_path / "missing", items) == set()
-    assert batch.remove_stale_temporaries(tmp_path) == 1
+    assert job.done_ids(tmp_path, items) == {"a"}
+    assert job.done_ids(tmp_path / "missing", items) == set()
+    assert job.remove_stale_temporaries(tmp_path) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "other.json", "summary.jsonl"]
 
 
 def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
     result = {"duration": 2.5, "words": [{}, {}], "language": "en"}
-    batch.write_atomically(tmp_path / "a.json", json.dumps(result))
-    batch.write_atomically(tmp_path / "b.json", json.dumps({"duration": 1.0, "words": []}))
-    batch.write_atomically(tmp_path / "e.json", json.dumps({"duration": 4.0, "words": [{}]}))
+    job.write_atomically(tmp_path / "a.json", json.dumps(result))
+    job.write_atomically(tmp_path / "b.json", json.dumps({"duration": 1.0, "words": []}))
+    job.write_atomically(tmp_path / "e.json", json.dumps({"duration": 4.0, "words": [{}]}))
     (tmp_path / "summary.jsonl").write_text(
         json.dumps({"id": "e", "status": "error", "run": "r0"})
         + "\n"  # failed once, done since
@@ -149,25 +149,25 @@ def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
         + "\n"
         + '{"id": "a", "sta'  # killed mid-row
     )
-    rows = batch.read_summary(tmp_path / "summary.jsonl")
-    recovered = batch.recover_rows(tmp_path, {"a", "b", "e"}, rows)
+    rows = job.read_summary(tmp_path / "summary.jsonl")
+    recovered = job.recover_rows(tmp_path, {"a", "b", "e"}, rows)
     assert [(r["id"], r["audio_seconds"], r["words"], r["recovered"]) for r in recovered] == [
         ("a", 2.5, 2, True),
         ("e", 4.0, 1, True),
     ]
     recovered = recovered[:1]
-    with batch.Summary(tmp_path, "r1") as summary:
+    with job.Summary(tmp_path, "r1") as summary:
         for row in recovered:
             summary.append(row)
         summary.append({"id": "c", "status": "error", "error": "AudioError: no such file"})
-    rows = batch.read_summary(tmp_path / "summary.jsonl")
+    rows = job.read_summary(tmp_path / "summary.jsonl")
     assert [(r["id"], r["status"], r["run"]) for r in rows] == [
         ("e", "error", "r0"),
         ("b", "ok", "r0"),
         ("a", "ok", "r1"),
         ("c", "error", "r1"),
     ]
-    assert batch.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
+    assert job.latest_status(rows + [{"id": "c", "status": "ok"}])["c"]["status"] == "ok"
 
 
 class FakeService:
@@ -204,7 +204,7 @@ def test_one_failing_item_fails_alone(tmp_path):
     ]
     (tmp_path / "done.json").write_text("{}")
     service = FakeService()
-    rows = asyncio.run(batch.process_batch(service, items, JobOptions(str(tmp_path), language="en")))
+    rows = asyncio.run(job.process_batch(service, items, JobOptions(str(tmp_path), language="en")))
     assert [(r["id"], r["status"]) for r in rows] == [
         ("t1", "ok"),
         ("t2", "ok"),
@@ -232,13 +232,13 @@ def test_one_failing_item_fails_alone(tmp_path):
 def test_audio_from_a_uri(tmp_path):
     path = tmp_path / "a.wav"
     write_wav(path, sentence_clips()[1].samples)
-    assert len(batch.read_audio(path.as_uri())) == len(batch.read_audio(str(path)))
-    assert batch.is_uri("s3://b/k") and batch.is_uri("memory://x") and not batch.is_uri("C:/x")
+    assert len(job.read_audio(path.as_uri())) == len(job.read_audio(str(path)))
+    assert job.is_uri("s3://b/k") and job.is_uri("memory://x") and not job.is_uri("C:/x")
     with pytest.raises(Exception, match="no.wav"):
-        batch.read_audio((tmp_path / "no.wav").as_uri())
+        job.read_audio((tmp_path / "no.wav").as_uri())
 
 
-# A process that watches its parent (batch_ray.exit_with_parent), with a child of its own; prints both
+# A process that watches its parent (batch.on_ray.exit_with_parent), with a child of its own; prints both
 # pids, then waits.
 ORPHAN_SCRIPT = """
 import subprocess, sys, time
@@ -351,7 +351,7 @@ def test_corpus_job_end_to_end(corpus, tmp_path):
         "plain.json",
         "summary.jsonl",
     ]
-    rows = {row["id"]: row for row in batch.read_summary(out / "summary.jsonl")}
+    rows = {row["id"]: row for row in job.read_summary(out / "summary.jsonl")}
     assert {i: r["status"] for i, r in rows.items()} == {
         "plain": "ok",
         "by uri": "ok",
@@ -396,7 +396,7 @@ def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
     after = {name: (out / name).stat() for name in before}
     assert {name: (s.st_ino, s.st_mtime_ns) for name, s in after.items()} == before  # untouched
     assert f"{len(before)} done before, {len(ids) - len(before)} to do" in stderr, stderr[-3000:]
-    rows = batch.read_summary(out / "summary.jsonl")
+    rows = job.read_summary(out / "summary.jsonl")
     runs = list(dict.fromkeys(row["run"] for row in rows))
     assert len(runs) <= 2
     processed_by_second = {row["id"] for row in rows if row["run"] == runs[-1] and not row.get("recovered")}

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from speech import SENTENCES, sentence_clips, start_errors, synthesize_sentence
 
-from vllm_whisper_align.audio import speech_frames
+from vllm_whisper_align.audio.features import speech_frames
 
 VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp"]
 RATES = [150, 170, 185, 160]

@@ -1,6 +1,6 @@
 """The worker-side store's bookkeeping on hand-made steps (no engine: tests/test_engine.py covers the
 same paths through a real one). Steps are built with the fields of vLLM's SchedulerOutput the store
-reads (vllm_adapter.SCHEDULER_OUTPUT_FIELDS)."""
+reads (vllm_internals.SCHEDULER_OUTPUT_FIELDS)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_whisper_align.capture import AlignmentCapture
-from vllm_whisper_align.params import AlignmentParams, AlignmentRequest, NoSpeechParams
-from vllm_whisper_align.vllm_adapter import SCHEDULER_OUTPUT_FIELDS
+from vllm_whisper_align.engine.capture import AlignmentCapture
+from vllm_whisper_align.engine.vllm_internals import SCHEDULER_OUTPUT_FIELDS
+from vllm_whisper_align.protocol import AlignmentParams, AlignmentRequest, NoSpeechParams
 
 HEAD_DIM, ENCODER_ROWS, MAX_ROWS = 4, 6, 16
 

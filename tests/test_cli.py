@@ -13,8 +13,8 @@ from speech import concatenate_clips, long_clip, sentence_clips, start_errors, w
 from test_formats import parse_srt
 from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 
-from vllm_whisper_align.quantization import encoder_int8_supported
-from vllm_whisper_align.subtitles import SRT, read_subtitles, write_subtitles
+from vllm_whisper_align.engine.int8 import encoder_int8_supported
+from vllm_whisper_align.formats.subtitles import SRT, read_subtitles, write_subtitles
 
 CLI = str(Path(sys.executable).parent / "vllm-whisper-align")
 ENGINE_OPTIONS = ["--dtype", "float32", "--max-num-seqs", "4"]
@@ -131,7 +131,7 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     """No --dtype: the engine runs the dtype chosen for this CPU (float32 without native bf16), not the
     model's float16; vLLM's own config line says what it runs. With --verbose, vLLM's log (and ours,
     from the worker) is on stderr; stdout is still only SRT."""
-    from vllm_whisper_align.engine_defaults import cpu_flags, fast_dtype
+    from vllm_whisper_align.engine.settings import cpu_flags, fast_dtype
 
     folder, paths, clips = audio_files
     long = long_clip(40.0)  # over one window: longform, in the same run

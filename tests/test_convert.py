@@ -14,7 +14,7 @@ import pytest
 import torch
 import whisper
 
-from vllm_whisper_align import checkpoints as models
+from vllm_whisper_align.checkpoints import bundled, ct2
 
 try:
     from reference import load_reference_model, reference_tokenizer
@@ -22,7 +22,7 @@ except ImportError:  # tests/ imported as a package
     from tests.reference import load_reference_model, reference_tokenizer
 
 ESPEAK = shutil.which("espeak-ng")
-HAVE_BASE = all(importlib.util.find_spec(n) is not None for n in models.BASE_PACKAGES)
+HAVE_BASE = all(importlib.util.find_spec(n) is not None for n in bundled.BASE_PACKAGES)
 
 
 def _tiny_src() -> Path:
@@ -33,7 +33,7 @@ def _tiny_src() -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory) -> Path:
-    return models.convert_ct2_to_hf(_tiny_src(), tmp_path_factory.mktemp("conv") / "tiny.en")
+    return ct2.convert_ct2_to_hf(_tiny_src(), tmp_path_factory.mktemp("conv") / "tiny.en")
 
 
 def _json(path: Path) -> dict:
@@ -53,7 +53,7 @@ def test_tiny_en_configs(tiny_hf: Path):
     assert cfg["torch_dtype"] == "float16"
     assert (cfg["decoder_start_token_id"], cfg["eos_token_id"], cfg["pad_token_id"]) == (50257, 50256, 50256)
     assert cfg["begin_suppress_tokens"] == [220, 50256]
-    assert cfg["whisper_align"]["converter_version"] == models.CONVERTER_VERSION
+    assert cfg["whisper_align"]["converter_version"] == ct2.CONVERTER_VERSION
 
     gen = _json(tiny_hf / "generation_config.json")
     assert "_from_model_config" not in gen
@@ -222,8 +222,8 @@ def test_split_parts_equal_single_file(tmp_path: Path):
     p1, p2 = tmp_path / "model.bin.part1", tmp_path / "model.bin.part2"
     p1.write_bytes(data[:cut])
     p2.write_bytes(data[cut:])
-    whole = models.read_ct2_model_bin([_tiny_src() / "model.bin"])
-    split = models.read_ct2_model_bin([p1, p2])
+    whole = ct2.read_ct2_model_bin([_tiny_src() / "model.bin"])
+    split = ct2.read_ct2_model_bin([p1, p2])
     assert whole.keys() == split.keys()
     assert all(np.array_equal(whole[k], split[k]) for k in whole)
     assert split["decoder/projection/weight"] is split["decoder/embeddings/weight"]  # alias
@@ -237,7 +237,7 @@ def test_split_parts_equal_single_file(tmp_path: Path):
 def test_base_multilingual(tmp_path: Path):
     from transformers import AutoTokenizer
 
-    hf_dir = models.base_model_path(cache_dir=tmp_path)
+    hf_dir = bundled.base_model_path(cache_dir=tmp_path)
     cfg, gen = _json(hf_dir / "config.json"), _json(hf_dir / "generation_config.json")
     assert (cfg["vocab_size"], cfg["d_model"], cfg["encoder_layers"], cfg["decoder_attention_heads"]) == (
         51865,
@@ -273,16 +273,16 @@ def test_base_multilingual(tmp_path: Path):
 
 
 def test_resolve_model(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(bundled.CACHE_ENV, str(tmp_path / "cache"))
     ct2 = tmp_path / "my-ct2"
     shutil.copytree(_tiny_src(), ct2)
-    out = Path(models.resolve_model(str(ct2)))
+    out = Path(bundled.resolve_model(str(ct2)))
     assert out.parent == tmp_path / "cache" and (out / "model.safetensors").is_file()
     mtime = (out / "model.safetensors").stat().st_mtime_ns
-    assert Path(models.resolve_model(str(ct2))) == out  # cached: not converted again
+    assert Path(bundled.resolve_model(str(ct2))) == out  # cached: not converted again
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
-    assert models.resolve_model("openai/whisper-tiny") == "openai/whisper-tiny"
-    assert models.resolve_model(str(out)) == str(out)  # already an HF dir
+    assert bundled.resolve_model("openai/whisper-tiny") == "openai/whisper-tiny"
+    assert bundled.resolve_model(str(out)) == str(out)  # already an HF dir
 
 
 # ------------------------------------------------------------------ bad input
@@ -291,7 +291,7 @@ def test_resolve_model(tmp_path: Path, monkeypatch):
 def test_non_ct2_directory(tmp_path: Path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="model.bin"):
-        models.convert_ct2_to_hf(tmp_path, tmp_path / "out")
+        ct2.convert_ct2_to_hf(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
@@ -303,7 +303,7 @@ def test_truncated_model_bin(tmp_path: Path, size: int):
         (src / "model.bin").write_bytes(f.read(size))
     shutil.copy(_tiny_src() / "tokenizer.json", src)
     with pytest.raises(ValueError, match="truncated|not a"):
-        models.convert_ct2_to_hf(src, tmp_path / "out")
+        ct2.convert_ct2_to_hf(src, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["ct2"]  # temp dir cleaned up
 
@@ -311,4 +311,4 @@ def test_truncated_model_bin(tmp_path: Path, size: int):
 def test_garbage_model_bin(tmp_path: Path):
     (tmp_path / "model.bin").write_bytes(b"GGUF" + bytes(100))
     with pytest.raises(ValueError, match="not a"):
-        models.read_ct2_model_bin([tmp_path / "model.bin"])
+        ct2.read_ct2_model_bin([tmp_path / "model.bin"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_whisper_align.encoder_cache import EncoderOutputCache, encode_with_cache, features_key
+from vllm_whisper_align.engine.encoder_cache import EncoderOutputCache, encode_with_cache, features_key
 
 WINDOW_BYTES = 1500 * 8 * 4  # a toy encoder output: 1500 frames x 8 float32
 

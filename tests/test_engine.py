@@ -8,8 +8,8 @@ import torch
 import whisper
 from whisper.timing import find_alignment
 
-from vllm_whisper_align.decoding import AlignmentInputError, FallbackOptions, plan_transcription
-from vllm_whisper_align.engine_defaults import CPU_ENCODER_WINDOWS_PER_STEP
+from vllm_whisper_align.engine.settings import CPU_ENCODER_WINDOWS_PER_STEP
+from vllm_whisper_align.runners.decoding import AlignmentInputError, FallbackOptions, plan_transcription
 
 # The capture's tests decode greedily (no temperature fallback): their subject is where the words
 # are, and the same text alone and in any batch. The fallback has tests of its own below.
@@ -58,7 +58,7 @@ def test_forced_alignment_matches_openai_whisper(aligner, clips, reference):
 
 def _raw_word_times(result, aligner):
     """Group our token times into the reference's raw words (split on spaces, eot closes)."""
-    from vllm_whisper_align.word_timing import split_to_word_tokens
+    from vllm_whisper_align.align.words import split_to_word_tokens
 
     ids = [t["id"] for t in result["tokens"]]
     _, groups = split_to_word_tokens(
@@ -262,8 +262,8 @@ def test_fallback_resubmits_only_the_failing_windows(aligner, clips, monkeypatch
     0.01) is decoded at every temperature of the schedule, the other only at 0. The failing window
     keeps its most likely attempt (all are "too repetitive" here, so the one of highest avg_logprob),
     only that attempt is aligned, and the captures of the others are freed."""
-    from vllm_whisper_align import decoding
-    from vllm_whisper_align.decoding import FallbackOptions, temperature_schedule
+    from vllm_whisper_align.runners import decoding
+    from vllm_whisper_align.runners.decoding import FallbackOptions, temperature_schedule
 
     failing = FallbackOptions(compression_ratio_threshold=0.01)
     plans = [
@@ -294,8 +294,8 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
     """At a temperature above 0 a window runs as best_of seeded candidates; the one kept is the
     candidate openai-whisper's ranker prefers, each candidate run here on its own through
     LLM.generate with the same seed. The others' captures are freed."""
-    from vllm_whisper_align import decoding
-    from vllm_whisper_align.decoding import FallbackOptions
+    from vllm_whisper_align.runners import decoding
+    from vllm_whisper_align.runners.decoding import FallbackOptions
 
     sampled = FallbackOptions(temperatures=(1.0,), best_of=5)
     plan = plan_transcription(
@@ -332,8 +332,8 @@ def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips
     """A window decoded again at the next temperature does not run the encoder again: the retry hits
     the encoder cache, and samples exactly what the same attempt samples on a cold cache. The cache
     is empty again after a call of the offline API."""
-    from vllm_whisper_align import decoding
-    from vllm_whisper_align.plugin import RPC_CLEAR_ENCODER_CACHE
+    from vllm_whisper_align.protocol import RPC_CLEAR_ENCODER_CACHE
+    from vllm_whisper_align.runners import decoding
 
     attempts = []  # (temperature, token ids, avg_logprob) of every attempt run
     fall_back = decoding.fall_back

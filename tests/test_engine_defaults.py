@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_whisper_align import cli, engine_defaults
-from vllm_whisper_align.engine_defaults import (
+from vllm_whisper_align import cli
+from vllm_whisper_align.engine import settings
+from vllm_whisper_align.engine.settings import (
     cpu_flags,
     encoder_token_budget,
     engine_environment,
@@ -19,7 +20,7 @@ from vllm_whisper_align.engine_defaults import (
     served_model_name,
     thread_binding,
 )
-from vllm_whisper_align.offline import default_engine_args
+from vllm_whisper_align.runners.offline import default_engine_args
 
 ZEN3_FLAGS = frozenset("fpu sse sse2 avx avx2 fma f16c".split())
 TINY = SimpleNamespace(d_model=384, decoder_layers=4, max_target_positions=448, max_source_positions=1500)
@@ -74,7 +75,7 @@ def test_environment_is_returned_not_applied(monkeypatch):
     before = dict(os.environ)
     cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     wanted = engine_environment({})
-    if len(cores.split(",")) <= engine_defaults.ALL_CORES_UP_TO:
+    if len(cores.split(",")) <= settings.ALL_CORES_UP_TO:
         assert wanted["VLLM_CPU_OMP_THREADS_BIND"] == cores
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({"tensor_parallel_size": 2})
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment({}, {"VLLM_CPU_OMP_THREADS_BIND": "0"})
@@ -91,7 +92,7 @@ def test_thread_binding_shares_the_cores_between_this_hosts_engines():
     assert thread_binding({"data_parallel_size": 2, "data_parallel_size_local": 1}, [0, 1]) == "0,1"
     assert thread_binding({"data_parallel_size": 4}, [0, 1]) is None  # more engines than cores
     assert thread_binding({"data_parallel_size": 2, "tensor_parallel_size": 2}, [0, 1, 2, 3]) is None
-    assert thread_binding({}, list(range(engine_defaults.ALL_CORES_UP_TO + 1))) is None
+    assert thread_binding({}, list(range(settings.ALL_CORES_UP_TO + 1))) is None
 
 
 def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monkeypatch):
@@ -166,9 +167,17 @@ def test_engine_core_gets_the_workers_openmp_threads(model_dir, monkeypatch, bin
     assert os.environ["OMP_NUM_THREADS"] == threads
 
 
-def test_engine_processes_do_not_import_numba():
-    """The DTW kernels run on the API side: the model and the worker plugin must not pull in numba
-    (its LLVM costs every engine process memory)."""
-    code = "import sys, vllm_whisper_align.model, vllm_whisper_align.plugin; print('numba' in sys.modules)"
+def test_engine_processes_import_neither_numba_nor_the_api_side():
+    """What runs inside vLLM's processes (``engine/``) must not pull in numba (its LLVM costs every
+    engine process memory; the DTW kernels run on the API side) nor any API-side package."""
+    code = (
+        "import importlib, pkgutil, sys, vllm_whisper_align.engine as engine\n"
+        "for module in pkgutil.iter_modules(engine.__path__):\n"
+        "    importlib.import_module(f'vllm_whisper_align.engine.{module.name}')\n"
+        "api = ('align', 'runners', 'server', 'formats', 'longform', 'batch', 'cli')\n"
+        "loaded = sorted(n for n in sys.modules if n == 'numba' or n.split('.')[1:2] and n.split('.')[0] == "
+        "'vllm_whisper_align' and n.split('.')[1] in api)\n"
+        "print(loaded)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert result.stdout.strip().splitlines()[-1] == "False"
+    assert result.stdout.strip().splitlines()[-1] == "[]"

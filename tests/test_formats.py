@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from vllm_whisper_align.formats import (
+from vllm_whisper_align.formats.responses import (
     EXTENSIONS,
     SubtitleOptions,
     format_timestamp,

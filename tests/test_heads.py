@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from vllm_whisper_align import timing
-from vllm_whisper_align.heads import AlignmentHeads, captured_heads, upper_half_heads
+from vllm_whisper_align.align import timing
+from vllm_whisper_align.engine.heads import AlignmentHeads, captured_heads, upper_half_heads
 
 TINY_EN = ((1, 0), (2, 0), (2, 5), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4))
 BASE = ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6))

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from vllm_whisper_align import longform
-from vllm_whisper_align.decoding import AlignmentInputError
 from vllm_whisper_align.longform import TextWord, normalise
+from vllm_whisper_align.runners.decoding import AlignmentInputError
 
 SAMPLE_RATE = 16000
 
@@ -186,8 +186,8 @@ def test_matching_thirty_thousand_words():
 def tokens():
     from transformers import AutoTokenizer
 
-    from vllm_whisper_align.checkpoints import default_model_path
-    from vllm_whisper_align.tokenizer import WhisperTokens
+    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.tokens import WhisperTokens
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
     return WhisperTokens.from_tokenizer(tokenizer, 51864)
@@ -217,7 +217,7 @@ def heard_plans(tokens, seconds: float):
 def test_what_is_heard_is_read_greedily_without_retries(tokens):
     """Pass 1 only locates the text: a window failing openai-whisper's thresholds is not sampled again
     (each retry would cost another encoder pass)."""
-    from vllm_whisper_align.decoding import WindowOutput, fall_back
+    from vllm_whisper_align.runners.decoding import WindowOutput, fall_back
 
     plans = heard_plans(tokens, 70)
     for plan in plans:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from speech import SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_words
 
-from vllm_whisper_align.audio import SAMPLE_RATE, chunk_audio
+from vllm_whisper_align.audio.windows import chunk_audio
+from vllm_whisper_align.constants import SAMPLE_RATE
 
 # Start MAE of the long form may exceed that of the same speech aligned window by window by this much.
 MAE_TOLERANCE = 1.10

@@ -14,7 +14,7 @@ from speech import sentence_clips, write_wav
 def base_server(tmp_path_factory):
     from conftest import running_server
 
-    from vllm_whisper_align.checkpoints import base_model_path
+    from vllm_whisper_align.checkpoints.bundled import base_model_path
 
     with running_server(base_model_path(), tmp_path_factory.mktemp("base"), "whisper-base") as url:
         yield url

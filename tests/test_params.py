@@ -7,8 +7,10 @@ import whisper.audio
 import whisper.timing
 from whisper.tokenizer import get_tokenizer
 
-from vllm_whisper_align import audio, timing, vllm_adapter
-from vllm_whisper_align.params import AlignmentParams, WhisperAlignConfig
+from vllm_whisper_align import constants
+from vllm_whisper_align.align import timing
+from vllm_whisper_align.engine import vllm_internals
+from vllm_whisper_align.protocol import AlignmentParams, WhisperAlignConfig
 
 
 @pytest.mark.parametrize("num_previous", [0, 5])
@@ -36,7 +38,7 @@ def test_alignment_params_validate():
     with pytest.raises(ValueError):
         AlignmentParams(num_frames=0).validate()
     with pytest.raises(ValueError):
-        AlignmentParams(num_frames=audio.N_FRAMES + 1).validate()
+        AlignmentParams(num_frames=constants.N_FRAMES + 1).validate()
     with pytest.raises(ValueError):
         AlignmentParams(num_frames=100, sot_row=2, text_row=1).validate()
     assert AlignmentParams.from_extra_args({"other": 1}) is None
@@ -54,8 +56,8 @@ def test_whisper_constants_are_the_references():
         "N_SAMPLES_PER_TOKEN",
         "TOKENS_PER_SECOND",
     ):
-        assert getattr(audio, name) == getattr(whisper.audio, name), name
-    assert audio.CHUNK_SECONDS == whisper.audio.CHUNK_LENGTH
+        assert getattr(constants, name) == getattr(whisper.audio, name), name
+    assert constants.CHUNK_SECONDS == whisper.audio.CHUNK_LENGTH
     assert timing.TOKENS_PER_SECOND == whisper.timing.TOKENS_PER_SECOND
     # find_alignment's default median filter width
     assert timing.MEDFILT_WIDTH == whisper.timing.find_alignment.__kwdefaults__["medfilt_width"]
@@ -76,19 +78,19 @@ def test_encoder_cache_size_must_be_whole_mib(value):
 
 
 def test_unsupported_vllm_is_refused_with_the_supported_versions():
-    vllm_adapter.check_vllm()  # the installed one
+    vllm_internals.check_vllm()  # the installed one
     with pytest.raises(
-        vllm_adapter.UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.40\.1"
+        vllm_internals.UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; this is vLLM 0\.40\.1"
     ):
-        vllm_adapter.check_vllm((0, 40, 1))
+        vllm_internals.check_vllm((0, 40, 1))
 
 
 def test_moved_vllm_internals_are_named(monkeypatch):
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     monkeypatch.delattr(WorkerWrapperBase, "execute_model")
-    with pytest.raises(vllm_adapter.UnsupportedVllmError, match="WorkerWrapperBase.execute_model"):
-        vllm_adapter.check_vllm()
+    with pytest.raises(vllm_internals.UnsupportedVllmError, match="WorkerWrapperBase.execute_model"):
+        vllm_internals.check_vllm()
 
 
 def test_kernel_override_scan_survives_numba_imported_first():
@@ -99,7 +101,7 @@ def test_kernel_override_scan_survives_numba_imported_first():
     import llvmlite.binding  # noqa: F401  (what importing vllm_whisper_align.timing brings)
     from vllm.triton_utils import dispatcher
 
-    from vllm_whisper_align import vllm_adapter
+    from vllm_whisper_align.engine import vllm_internals
 
     original = dispatcher._rebind_kernels
     try:
@@ -108,7 +110,7 @@ def test_kernel_override_scan_survives_numba_imported_first():
             pytest.skip("the guard was installed without a way back to the original")
         with pytest.raises(AttributeError):
             dispatcher._rebind_kernels([(object(), object())])
-        vllm_adapter.guard_kernel_override_scan()
+        vllm_internals.guard_kernel_override_scan()
         modules_before = set(sys.modules)
         dispatcher._rebind_kernels([(object(), object())])
         assert set(sys.modules) == modules_before

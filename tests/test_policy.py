@@ -1,4 +1,4 @@
-"""openai-whisper's per-window policy (decoding.py) against its transcribe, without an engine."""
+"""openai-whisper's per-window policy (runners/decoding.py) against its transcribe, without an engine."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ import pytest
 from transformers import AutoTokenizer
 from whisper.transcribe import transcribe as reference_transcribe
 
-from vllm_whisper_align import decoding
-from vllm_whisper_align.decoding import FallbackOptions, WindowOutput, fall_back, is_silent, needs_fallback
-from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.runners.decoding import (
+    FallbackOptions,
+    WindowOutput,
+    fall_back,
+    is_silent,
+    needs_fallback,
+)
+from vllm_whisper_align.tokens import WhisperTokens
 
 
 @pytest.fixture(scope="module")

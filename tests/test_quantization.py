@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_whisper_align.quantization import (
+from vllm_whisper_align.engine.int8 import (
     WEIGHT_QMAX,
     Int8DynamicLinear,
     encoder_int8_supported,

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
-from vllm_whisper_align import decoding, results
-from vllm_whisper_align.audio import SAMPLE_RATE
-from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.align import results
+from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.tokens import WhisperTokens
 
 TEXT = " Hello there."
 

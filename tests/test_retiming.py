@@ -8,8 +8,15 @@ import json
 import numpy as np
 import pytest
 
-from vllm_whisper_align import longform, retiming
-from vllm_whisper_align.subtitles import VTT, SubtitleCue, SubtitleFile, read_subtitles, write_subtitles
+from vllm_whisper_align import longform
+from vllm_whisper_align.formats import retiming
+from vllm_whisper_align.formats.subtitles import (
+    VTT,
+    SubtitleCue,
+    SubtitleFile,
+    read_subtitles,
+    write_subtitles,
+)
 
 # Cues with tags, line breaks, dialogue dashes, punctuation that the alignment glues to the previous
 # cue's last word ("...and"), and two cues without words (a symbol, only tags).
@@ -35,7 +42,7 @@ DURATION = 20.0
 def tokens(model_dir):
     from transformers import AutoConfig, AutoTokenizer
 
-    from vllm_whisper_align.tokenizer import WhisperTokens
+    from vllm_whisper_align.tokens import WhisperTokens
 
     vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
     return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)

@@ -27,7 +27,7 @@ from speech import (
 )
 from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 
-from vllm_whisper_align.subtitles import VTT, read_subtitles, write_subtitles
+from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
 MAX_AUDIO_S = 120
 SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path

@@ -4,14 +4,9 @@ import numpy as np
 import pytest
 from speech import synthesize_words
 
-from vllm_whisper_align.audio import SpectralFlux, speech_frames
-from vllm_whisper_align.word_timing import (
-    WordTiming,
-    extend_ends,
-    refine_starts,
-    snap_to_speech,
-    starts_quietly,
-)
+from vllm_whisper_align.align.boundaries import extend_ends, refine_starts, snap_to_speech, starts_quietly
+from vllm_whisper_align.align.words import WordTiming
+from vllm_whisper_align.audio.features import SpectralFlux, speech_frames
 
 
 def test_speech_mask_marks_words_and_gaps():

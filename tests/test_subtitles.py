@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_whisper_align.subtitles import SRT, VTT, SubtitleCue, SubtitleError, read_subtitles, write_subtitles
+from vllm_whisper_align.formats.subtitles import (
+    SRT,
+    VTT,
+    SubtitleCue,
+    SubtitleError,
+    read_subtitles,
+    write_subtitles,
+)
 
 SRT_FILE = """1
 00:00:01,000 --> 00:00:02,500

@@ -1,4 +1,4 @@
-"""Parity of vllm_whisper_align.timing with openai-whisper's whisper/timing.py."""
+"""Parity of vllm_whisper_align.align.timing with openai-whisper's whisper/timing.py."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import whisper.timing as reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_whisper_align import timing
+from vllm_whisper_align.align import timing
 
 # per test, not a global profile: other test modules keep their own hypothesis settings
 examples = settings(deadline=None, max_examples=60)

@@ -1,4 +1,4 @@
-"""Parity of vllm_whisper_align.words with openai-whisper's tokenizer.py and timing.py."""
+"""Parity of vllm_whisper_align.align.words with openai-whisper's tokenizer.py and timing.py."""
 
 import copy
 import string
@@ -15,9 +15,8 @@ from tokenizers import Tokenizer
 from whisper.model import ModelDimensions, Whisper
 from whisper.tokenizer import get_tokenizer
 
-from vllm_whisper_align import timing
-from vllm_whisper_align import word_timing as words
-from vllm_whisper_align.word_timing import WordTiming
+from vllm_whisper_align.align import timing, words
+from vllm_whisper_align.align.words import WordTiming
 
 # per test, not a global profile: other test modules keep their own hypothesis settings
 examples = settings(deadline=None, max_examples=60)

@@ -1,9 +1,13 @@
 """Word- and token-level timestamps from Whisper inside vLLM's own forward.
 
-Data path, one module each: ``audio`` (decode, 30 s chunks) → ``model`` (vLLM Whisper that keeps
-the alignment heads' cross-attention) → ``capture`` (worker side: rows per request, Q·Kᵀ) →
-``timing`` (softmax, z-score, median filter, DTW) → ``words`` (tokens → words) → ``transcribe``
-(requests in, OpenAI-shaped results out) → ``offline`` / ``cli`` / ``server``.
+Where code runs shows in the folders: ``engine/`` runs inside vLLM's engine processes (the plugin, the
+model class that captures the alignment heads' cross-attention); everything else on the API side:
+``audio/`` (decode, windows, speech features) → ``runners/`` (plan a request's windows, drive the
+engine, fetch the captured attention) → ``align/`` (DTW, words, boundaries, typed results) and
+``longform/`` (text of any length over many windows) → ``formats/`` (verbose_json, srt, vtt) → the
+doors: ``server/`` (HTTP), ``runners.offline`` (Python), ``cli``, ``batch/`` (corpus jobs on Ray).
+The top-level modules are shared facts: Whisper's constants, its tokens, and the request protocol
+that travels to the engine in ``SamplingParams.extra_args``.
 """
 
 __version__ = "0.1.0"

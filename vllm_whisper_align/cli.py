@@ -21,9 +21,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_whisper_align.formats import RESPONSE_FORMATS
+from vllm_whisper_align.formats.responses import RESPONSE_FORMATS
 from vllm_whisper_align.memory import hide_triton_without_cpu_backend
-from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD
+from vllm_whisper_align.protocol import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD
 
 # Before vLLM is imported, in this process and in the engine processes vLLM spawns from it, which
 # run the main module (the console script, or this one under -m) again first: see memory.
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
     """openai-whisper's transcribe options, with its defaults ("none" turns a threshold off)."""
-    from vllm_whisper_align import decoding
+    from vllm_whisper_align.runners import decoding
 
     parser.add_argument(
         "--temperature",
@@ -314,7 +314,7 @@ def _engine_args(argv: list[str]) -> dict[str, Any]:
 
 
 def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
-    from vllm_whisper_align.audio import AudioError, decode_audio
+    from vllm_whisper_align.audio.decode import AudioError, decode_audio
 
     decoded, failures = [], 0
     for path in args.audio:
@@ -345,8 +345,8 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
-    from vllm_whisper_align.audio import AudioError, decode_audio
-    from vllm_whisper_align.decoding import AlignmentInputError
+    from vllm_whisper_align.audio.decode import AudioError, decode_audio
+    from vllm_whisper_align.runners.decoding import AlignmentInputError
 
     items = _alignment_items(args)
     aligner = None
@@ -390,8 +390,8 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     """``batch``: the manifest is checked and Ray looked for before anything starts (see ``batch``)."""
-    from vllm_whisper_align.batch import JobOptions, read_manifest
-    from vllm_whisper_align.batch_ray import require_ray, run_job
+    from vllm_whisper_align.batch.job import JobOptions, read_manifest
+    from vllm_whisper_align.batch.on_ray import require_ray, run_job
 
     for name in ("replicas", "batch_size"):
         if getattr(args, name) < 1:
@@ -425,11 +425,11 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     """``align AUDIO --subtitles FILE``: FILE's cues with new times from AUDIO (see ``retiming``)."""
-    from vllm_whisper_align import retiming
-    from vllm_whisper_align.audio import AudioError, decode_audio
-    from vllm_whisper_align.decoding import AlignmentInputError
-    from vllm_whisper_align.formats import ALIGNMENT_FORMATS
-    from vllm_whisper_align.subtitles import read_subtitles
+    from vllm_whisper_align.audio.decode import AudioError, decode_audio
+    from vllm_whisper_align.formats import retiming
+    from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS
+    from vllm_whisper_align.formats.subtitles import read_subtitles
+    from vllm_whisper_align.runners.decoding import AlignmentInputError
 
     if args.audio is None:
         raise ValueError("align --subtitles needs an AUDIO file")
@@ -457,13 +457,13 @@ def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 
 def _aligner(model: str | None, engine_args: dict[str, Any]):
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     return WhisperAligner(model, **engine_args)
 
 
 def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granularity: str) -> None:
-    from vllm_whisper_align.formats import write_result
+    from vllm_whisper_align.formats.responses import write_result
 
     text = write_result(result, args.format, granularity, _subtitle_options(args))
     _write(path, text, args.format, args)
@@ -471,7 +471,7 @@ def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granulari
 
 def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
     """``text`` to stdout, or to ``--output-dir`` as PATH's stem with ``fmt``'s extension."""
-    from vllm_whisper_align.formats import EXTENSIONS
+    from vllm_whisper_align.formats.responses import EXTENSIONS
 
     if args.output_dir is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
@@ -483,7 +483,7 @@ def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
 
 
 def _subtitle_options(args: argparse.Namespace):
-    from vllm_whisper_align.formats import SubtitleOptions
+    from vllm_whisper_align.formats.responses import SubtitleOptions
 
     return SubtitleOptions(
         args.max_line_width, args.max_line_count, args.max_words_per_line, args.highlight_words
@@ -491,7 +491,7 @@ def _subtitle_options(args: argparse.Namespace):
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from vllm_whisper_align.checkpoints import convert_ct2_to_hf
+    from vllm_whisper_align.checkpoints.ct2 import convert_ct2_to_hf
 
     src = args.src[0] if len(args.src) == 1 else args.src
     out = convert_ct2_to_hf(src, args.dst)
@@ -500,7 +500,7 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _serve(model_name: str | None, server_argv: list[str]) -> int:
-    from vllm_whisper_align.vllm_adapter import front_end_without_plugins
+    from vllm_whisper_align.engine.vllm_internals import front_end_without_plugins
 
     unsupported = front_end_without_plugins(server_argv, os.environ)
     if unsupported:  # before anything imports vLLM: a refusal in a moment
@@ -508,7 +508,7 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
             f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
             "no /v1/audio/alignments); serve through vLLM's HTTP server"
         )
-    from vllm_whisper_align.checkpoints import resolve_model
+    from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.log import vllm_logging_now
 
     vllm_logging_now()  # the defaults' line comes before vLLM's server configures logging
@@ -517,7 +517,7 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     env = {**os.environ, **engine_env}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
-    # Our module runs vLLM's own serve command (see vllm_adapter.run_vllm_serve): --headless and
+    # Our module runs vLLM's own serve command (see engine.vllm_internals.run_vllm_serve): --headless and
     # --api-server-count work as they do for `vllm serve`.
     command = [sys.executable, "-m", "vllm_whisper_align.server.launch", "--model", model]
     command += defaults + server_argv
@@ -529,12 +529,12 @@ def _serve_defaults(
 ) -> tuple[list[str], dict[str, str]]:
     """The engine flags the user did not give, and the environment the server must start with.
 
-    Decided by engine_defaults, as for the offline API; the served name is the model's name, not
+    Decided by engine.settings, as for the offline API; the served name is the model's name, not
     the path it was resolved to.
     """
     import argparse
 
-    from vllm_whisper_align.engine_defaults import engine_environment, engine_settings, served_model_name
+    from vllm_whisper_align.engine.settings import engine_environment, engine_settings, served_model_name
 
     parser = _engine_parser()
     for action in parser._actions:

@@ -13,7 +13,7 @@ two engine passes, each a batch of all windows (:func:`alignment_steps` drives t
    fail and their neighbours (:func:`realign_regions`) go through steps 1-4 with the text they kept
    between them; all windows do if a share overflows the decoder:
 1. :func:`transcription_plans`: the windows of ``decoding.plan_transcription`` (cut in pauses by
-   ``audio.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
+   ``audio.windows.chunk_audio``), transcribed greedily without word timings: what the model hears in each.
 2. :func:`split_text`: the given words are matched to the heard words (normalised, minimum edit
    distance); a matched word belongs to its heard word's window. Between two matches the unmatched
    given words are spread over the windows of the unmatched heard words between them, in proportion.
@@ -43,11 +43,15 @@ from typing import Any
 
 import numpy as np
 
-from vllm_whisper_align import decoding, results, word_timing
-from vllm_whisper_align.audio import N_SAMPLES, SAMPLE_RATE, SpilledSamples, true_runs
+from vllm_whisper_align.align import results
+from vllm_whisper_align.align.words import WordTiming, merge_punctuations, split_to_word_tokens
+from vllm_whisper_align.audio.decode import SpilledSamples
+from vllm_whisper_align.audio.features import true_runs
+from vllm_whisper_align.constants import MAX_DECODER_TOKENS, N_SAMPLES, SAMPLE_RATE
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, MAX_DECODER_TOKENS
-from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.protocol import DEFAULT_ALIGNMENT_METHOD
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 
@@ -105,17 +109,15 @@ def normalise(word: str) -> str:
 
 
 def text_words(token_ids: Sequence[int], tokens: WhisperTokens, language: str) -> list[TextWord]:
-    """Words of a token sequence exactly as the alignment groups them (``word_timing``'s split and
+    """Words of a token sequence exactly as the alignment groups them (``align.words``' split and
     punctuation merge), so a window's result words line up one to one with its share."""
     if not token_ids:
         return []
-    words, groups = word_timing.split_to_word_tokens(
+    words, groups = split_to_word_tokens(
         [*token_ids, tokens.eot], tokens.decode_with_special, tokens.eot, language
     )
-    timings = [
-        word_timing.WordTiming(w, g, 0.0, 0.0, 0.0) for w, g in zip(words[:-1], groups[:-1], strict=True)
-    ]
-    word_timing.merge_punctuations(timings)
+    timings = [WordTiming(w, g, 0.0, 0.0, 0.0) for w, g in zip(words[:-1], groups[:-1], strict=True)]
+    merge_punctuations(timings)
     return [TextWord(t.word, t.tokens, normalise(t.word)) for t in timings]
 
 

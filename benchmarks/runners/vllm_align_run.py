@@ -60,7 +60,7 @@ def main() -> None:
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     sampler = RssSampler().start()
-    from vllm_whisper_align.offline import WhisperAligner
+    from vllm_whisper_align.runners.offline import WhisperAligner
 
     dtype, additional_config = engine_variant(args.dtype)
     aligner = WhisperAligner(

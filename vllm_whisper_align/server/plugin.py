@@ -24,7 +24,7 @@ class WhisperAlignEndpoints:
         app.include_router(router)
 
     async def init_state(self, engine_client, state: State, args: Namespace) -> None:
-        from vllm_whisper_align.server.service import AlignmentService, ServiceLimits
+        from vllm_whisper_align.runners.service import AlignmentService, ServiceLimits
 
         if engine_client is None:
             logger.warning("whisper-align: no engine (render-only server); routes will answer 503")

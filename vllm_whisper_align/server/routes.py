@@ -19,20 +19,21 @@ from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm.exceptions import VLLMValidationError
 from vllm.utils import random_uuid
 
-from vllm_whisper_align import decoding, retiming
-from vllm_whisper_align.audio import AudioError, AudioTooLongError, decode_audio
-from vllm_whisper_align.formats import (
+from vllm_whisper_align.audio.decode import AudioError, AudioTooLongError, decode_audio
+from vllm_whisper_align.engine.vllm_internals import speech_to_text_handler
+from vllm_whisper_align.formats import retiming
+from vllm_whisper_align.formats.responses import (
     ALIGNMENT_FORMATS,
     GRANULARITIES,
     RESPONSE_FORMATS,
     SubtitleOptions,
     write_result,
 )
+from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD, TRANSCRIPTION_METHODS
-from vllm_whisper_align.server.service import AlignmentService, RequestError, echo
-from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
-from vllm_whisper_align.vllm_adapter import speech_to_text_handler
+from vllm_whisper_align.protocol import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD, TRANSCRIPTION_METHODS
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.runners.service import AlignmentService, RequestError, echo
 
 logger = get_logger(__name__)
 

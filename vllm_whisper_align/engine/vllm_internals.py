@@ -231,7 +231,7 @@ def _worker_omp_threads(vllm_config: Any) -> int | None:
 
 def admit_encoder_rows_per_step(rows_per_step: Callable[[Any], int], architecture: str) -> None:
     """Let vLLM's scheduler start as many encoder rows a step as ``rows_per_step(vllm_config)`` says
-    (``engine_defaults.encoder_rows_per_step``), for ``architecture`` (encoder-decoder) only.
+    (``settings.encoder_rows_per_step``), for ``architecture`` (encoder-decoder) only.
 
     Why internal: vLLM 0.32 has no setting for the scheduler's encoder budget. ``SchedulerConfig``
     derives ``max_num_encoder_input_tokens`` from ``max_num_batched_tokens``, and the same field

@@ -1,7 +1,7 @@
 """A corpus job's bookkeeping: the manifest, what is done, one batch's work, the summary.
 
 ``vllm-whisper-align batch --manifest FILE.jsonl --output-dir DIR`` runs this on Ray (the wiring is in
-``batch_ray``, so that this module needs neither Ray nor vLLM to import):
+``batch.on_ray``, so that this module needs neither Ray nor vLLM to import):
 
 - the manifest is JSON lines, ``{"id": ..., "audio": ...}`` plus an optional ``"text"`` (forced
   alignment instead of transcription) and ``"language"``; it is checked whole before anything starts;
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from vllm_whisper_align.audio import SAMPLE_RATE
+from vllm_whisper_align.constants import SAMPLE_RATE
 
 SUMMARY_NAME = "summary.jsonl"
 RESULT_SUFFIX = ".json"
@@ -183,7 +183,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def read_audio(audio: str):
     """Samples of a local file or of a URI (read as bytes with fsspec, else pyarrow, then decoded)."""
-    from vllm_whisper_align.audio import decode_audio
+    from vllm_whisper_align.audio.decode import decode_audio
 
     if not is_uri(audio):
         return decode_audio(audio, spill=True)
@@ -272,7 +272,7 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
 
 
 def _write_result(output_dir: Path, item: Item, result: dict[str, Any]) -> None:
-    from vllm_whisper_align.formats import write_result
+    from vllm_whisper_align.formats.responses import write_result
 
     write_atomically(result_path(output_dir, item.id), write_result(result, "verbose_json"))
 

@@ -1,7 +1,6 @@
-"""Audio loading and long-form chunking for Whisper.
-
-Everything here works on float32 mono samples at 16 kHz, the only input
-Whisper's feature extractor accepts.
+"""Any audio container to float32 mono samples at 16 kHz, the only input Whisper's feature extractor
+accepts: libsndfile for wav/flac at the right rate, FFmpeg (PyAV) for everything else, bounded by the
+caller's duration limit, and spilled to a temporary file when long.
 """
 
 from __future__ import annotations
@@ -11,37 +10,14 @@ import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
-# Whisper's fixed audio geometry (as whisper/audio.py): every other module imports these.
-SAMPLE_RATE = 16000
-N_FFT = 400
-HOP_LENGTH = 160  # 10 ms mel hop: 100 frames per second of audio
-CHUNK_SECONDS = 30  # one encoder window
-N_SAMPLES = CHUNK_SECONDS * SAMPLE_RATE  # 480000 samples in a window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames in a window
-N_SAMPLES_PER_TOKEN = HOP_LENGTH * 2  # the encoder's stride-2 convolution: one frame is 20 ms
-TOKENS_PER_SECOND = SAMPLE_RATE // N_SAMPLES_PER_TOKEN  # 50 encoder frames per second
-ENCODER_FRAMES = N_FRAMES // 2  # 1500 encoder frames in a window
-
-# Cuts between chunks are searched for in this many seconds at the end of each window.
-CUT_SEARCH_SECONDS = 5.0
-# Energy is measured in 10 ms frames: shorter than any pause between words.
-ENERGY_FRAME_SECONDS = 0.01
-# Frames within this factor (3 dB) of the quietest frame count as the same pause,
-# so background noise does not split one pause into many.
-QUIET_ENERGY_FACTOR = 2.0
+from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
 
 # Highest sample rate real recordings use (DXD and studio rates stop at 768 kHz).
 MAX_SOURCE_RATE = 768_000
-
-# The last window of a long input is never shorter than this: a sliver of a few milliseconds
-# gives the model nothing to hear and the alignment no encoder frame to place words in
-# (it made empty reductions and negative times). The cut before it moves earlier instead.
-MIN_CHUNK_SECONDS = 1.0
 
 # libsndfile reads this many frames at a time, averaging channels per block, so a file with
 # many channels never holds more than one block of them interleaved.
@@ -83,23 +59,6 @@ class AudioTooLongError(AudioError):
         self.seconds = seconds
         length = f"{seconds:.1f} s long" if seconds is not None else f"longer than {max_seconds:g} s"
         super().__init__(f"audio is {length}; at most {max_seconds:g} s is accepted")
-
-
-def sample_path() -> Path:
-    """The bundled test clip: espeak-ng reading a pangram word by word (see sample.json)."""
-    return Path(__file__).parent / "assets" / "sample.flac"
-
-
-def num_mel_frames(num_samples: int) -> int:
-    """Number of mel frames Whisper computes for `num_samples` of content.
-
-    Both openai-whisper (`transcribe`: padded mel length minus N_FRAMES) and the HF
-    WhisperFeatureExtractor drop the last STFT frame of a centered STFT, which leaves
-    floor(num_samples / HOP_LENGTH) frames, not ceil: a trailing partial hop has no frame.
-    """
-    if num_samples < 0:
-        raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-    return num_samples // HOP_LENGTH
 
 
 def decode_audio(
@@ -391,209 +350,3 @@ def _frame_samples(frame) -> np.ndarray:
     interleaved = np.frombuffer(frame.planes[0], dtype=np.float32, count=frame.samples * channels)
     interleaved = interleaved.reshape(-1, channels)
     return interleaved.mean(axis=1, dtype=np.float32) if channels > 1 else interleaved[:, 0]
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """Samples [start, stop) of ``source``: a view of an array, or read back from SpilledSamples
-    on each access (so a list of windows holds positions, not audio)."""
-
-    source: np.ndarray | SpilledSamples
-    start: int
-    stop: int
-    sample_rate: int = SAMPLE_RATE
-
-    @classmethod
-    def whole(cls, samples: np.ndarray | SpilledSamples | AudioChunk) -> AudioChunk:
-        return samples if isinstance(samples, AudioChunk) else cls(samples, 0, len(samples))
-
-    @property
-    def samples(self) -> np.ndarray:
-        return self.source[self.start : self.stop]
-
-    @property
-    def num_samples(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def offset(self) -> float:
-        """Seconds from the start of the full audio to the first sample."""
-        return self.start / self.sample_rate
-
-    @property
-    def duration(self) -> float:
-        return self.num_samples / self.sample_rate
-
-
-def chunk_audio(
-    samples: np.ndarray | SpilledSamples, chunk_seconds: float = CHUNK_SECONDS, sample_rate: int = SAMPLE_RATE
-) -> list[AudioChunk]:
-    """Split audio into consecutive windows of at most `chunk_seconds`.
-
-    Each cut is placed in the middle of the longest quiet stretch within the last
-    CUT_SEARCH_SECONDS of the window, so it falls in a pause rather than inside a word; a stretch
-    that reaches the end of the search is cut at its end.
-    No chunk is shorter than MIN_CHUNK_SECONDS (at most half a window) unless the whole input
-    is: near the end the search moves earlier so that enough is left for the last chunk.
-    Chunks are positions that together cover every sample exactly once.
-    """
-    max_length = int(chunk_seconds * sample_rate)
-    if max_length < 1:
-        raise ValueError(f"chunk_seconds * sample_rate must be >= 1 sample, got {chunk_seconds=}")
-    search_length = min(int(CUT_SEARCH_SECONDS * sample_rate), max_length // 2)
-    min_length = min(int(MIN_CHUNK_SECONDS * sample_rate), max_length // 2)
-    frame_length = max(1, int(ENERGY_FRAME_SECONDS * sample_rate))
-
-    chunks = []
-    start = 0
-    while len(samples) - start > max_length:
-        # More than a window is left, and a window is at least two minimum lengths: both
-        # bounds leave min_length on either side of the cut.
-        search_end = min(start + max_length, len(samples) - min_length)
-        search_start = max(start + min_length, search_end - search_length)
-        cut = search_start + _quietest_point(samples[search_start:search_end], frame_length)
-        # A cut at the very start would make an empty chunk; never stall.
-        cut = max(cut, start + 1)
-        chunks.append(AudioChunk(samples, start, cut, sample_rate))
-        start = cut
-    chunks.append(AudioChunk(samples, start, len(samples), sample_rate))
-    return chunks
-
-
-def _quietest_point(region: np.ndarray, frame_length: int) -> int:
-    """Index in `region` at the middle of its longest run of near-minimum-energy frames."""
-    num_frames = len(region) // frame_length
-    if num_frames == 0:
-        return len(region)
-    frames = region[: num_frames * frame_length].astype(np.float64).reshape(num_frames, frame_length)
-    energy = np.mean(frames * frames, axis=1)
-    quiet = energy <= energy.min() * QUIET_ENERGY_FACTOR + 1e-12
-
-    run_start, run_end = _longest_run(quiet)
-    if run_end == num_frames:
-        # The pause runs on past the window's end: cut there, so that the window stays full (long
-        # silence in windows of 27.5 s made more windows, each a chance to invent a word).
-        return len(region)
-    middle_frame = (run_start + run_end) / 2
-    return int(round(middle_frame * frame_length))
-
-
-def true_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and ends ([start, end)) of the runs of True in a boolean mask, in order."""
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask).astype(np.int8), [0]])))
-    return edges[0::2], edges[1::2]
-
-
-def _longest_run(mask: np.ndarray) -> tuple[int, int]:
-    """[start, end) of the longest run of True in a non-empty mask with at least one True;
-    ties go to the latest run so chunks stay as long as allowed."""
-    starts, ends = true_runs(mask)
-    lengths = ends - starts
-    best = len(lengths) - 1 - int(np.argmax(lengths[::-1]))
-    return int(starts[best]), int(ends[best])
-
-
-# ---------------------------------------------------------------------------- speech / silence
-
-# One encoder frame: the resolution word times have anyway.
-SPEECH_FRAME_SECONDS = 0.02
-# A frame is speech when it is this far above the clip's noise floor and not far below its peak.
-SPEECH_ABOVE_NOISE_DB = 8.0
-SPEECH_BELOW_PEAK_DB = 50.0
-# Quiet runs shorter than this (stop-consonant closures) stay speech.
-MIN_SILENCE_SECONDS = 0.1
-
-
-# A word's quiet tail (a fading vowel, a final fricative or nasal) is still sound above the noise floor
-# where the speech mask (SPEECH_BELOW_PEAK_DB) has already called it silence.
-TAIL_ABOVE_NOISE_DB = 6.0
-
-
-def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Mean power in dB per 20 ms frame (the last frame zero-padded)."""
-    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
-    num_frames = -(-len(samples) // frame_length)
-    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
-    padded[: len(samples)] = samples
-    frames = padded.reshape(num_frames, frame_length)
-    # einsum: the same sums as np.mean(frames ** 2), 15x faster (no squared copy, 0.7 ms per 30 s)
-    power = np.einsum("ij,ij->i", frames, frames) / frame_length
-    return 10 * np.log10(power + 1e-12)
-
-
-def noise_floor_db(levels_db: np.ndarray) -> float:
-    """The level that a tenth of the frames stay under: the clip's noise, or its digital silence."""
-    return float(np.percentile(levels_db, 10))
-
-
-def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Boolean per 20 ms frame: True where there is sound above the noise floor.
-
-    Cross-attention DTW gives a silence before a word to that word (it has to go somewhere);
-    this mask lets word boundaries be moved out of such silences.
-    """
-    level_db = frame_levels_db(samples, sample_rate)
-    if len(level_db) == 0:
-        return np.zeros(0, dtype=bool)
-    threshold = max(noise_floor_db(level_db) + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
-    speech = level_db > threshold
-    return _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
-
-
-def sound_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Boolean per 20 ms frame: True where the level is ``TAIL_ABOVE_NOISE_DB`` over the noise floor,
-    however far below the loudest frame (the quiet tails :func:`speech_frames` leaves out)."""
-    level_db = frame_levels_db(samples, sample_rate)
-    if len(level_db) == 0:
-        return np.zeros(0, dtype=bool)
-    return level_db > noise_floor_db(level_db) + TAIL_ABOVE_NOISE_DB
-
-
-def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
-    speech = speech.copy()
-    for start, end in zip(*true_runs(~speech), strict=True):  # runs of silence [start, end)
-        if end - start < min_frames and start > 0 and end < len(speech):
-            speech[start:end] = True
-    return speech
-
-
-# ---------------------------------------------------------------------------- onsets
-
-# Spectral flux on Whisper's own STFT geometry: 25 ms windows every 10 ms.
-ONSET_FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE
-ONSET_BANDS = 40
-
-
-@dataclass(frozen=True)
-class SpectralFlux:
-    """Per 10 ms frame, how much the log-power spectrum rose and how much it fell from the frame before.
-
-    A word that starts with a loud sound (a vowel, /s/) starts where new energy rises; one that starts
-    quieter than the sound before it (a stop's closure, a nasal) starts where the sound falls
-    (``word_timing.refine_starts`` reads both).
-    """
-
-    rises: np.ndarray
-    falls: np.ndarray
-
-
-def spectral_flux(samples: np.ndarray) -> SpectralFlux:
-    """Rises and falls of the log-power spectrum per 10 ms frame.
-
-    Frame k is centred on sample k * HOP_LENGTH (the STFT is padded by half a window, as Whisper's
-    log-mel is). Power is summed into ``ONSET_BANDS`` equal bands before the log, so one noisy bin
-    cannot make an onset; each band's rise (or fall) from the frame before is summed over the bands.
-    """
-    samples = np.asarray(samples, dtype=np.float32)
-    padded = np.pad(samples, (N_FFT // 2, N_FFT // 2))
-    if len(padded) < N_FFT:
-        return SpectralFlux(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.float32))
-    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH] * np.hanning(N_FFT)
-    power = np.abs(np.fft.rfft(frames, axis=-1)[:, 1:]) ** 2
-    bands = np.stack([band.sum(axis=-1) for band in np.array_split(power, ONSET_BANDS, axis=-1)], axis=-1)
-    log_power = np.log10(bands + 1e-10)
-    change = np.diff(log_power, axis=0, prepend=log_power[:1])
-    return SpectralFlux(
-        np.maximum(change, 0).sum(axis=-1).astype(np.float32),
-        np.maximum(-change, 0).sum(axis=-1).astype(np.float32),
-    )

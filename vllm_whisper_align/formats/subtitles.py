@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from vllm_whisper_align.formats import srt_timestamp, vtt_timestamp
+from vllm_whisper_align.formats.responses import srt_timestamp, vtt_timestamp
 
 SRT, VTT = "srt", "vtt"
 SUBTITLE_FORMATS = (SRT, VTT)

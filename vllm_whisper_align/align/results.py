@@ -18,11 +18,24 @@ from typing import Any
 import numba
 import numpy as np
 
-from vllm_whisper_align import timing, word_timing
-from vllm_whisper_align.audio import ONSET_FRAME_SECONDS, sound_frames, spectral_flux, speech_frames
-from vllm_whisper_align.decoding import Plan, WindowOutput, WindowRequest, compression_ratio, is_silent
-from vllm_whisper_align.tokenizer import WhisperTokens
-from vllm_whisper_align.word_timing import SENTENCE_END_MARKS, WordTiming, round_time
+from vllm_whisper_align.align import timing
+from vllm_whisper_align.align.boundaries import extend_ends, refine_starts, snap_to_speech
+from vllm_whisper_align.align.words import (
+    SENTENCE_END_MARKS,
+    WordTiming,
+    add_word_timestamps,
+    round_time,
+    word_timings,
+)
+from vllm_whisper_align.audio.features import ONSET_FRAME_SECONDS, sound_frames, spectral_flux, speech_frames
+from vllm_whisper_align.runners.decoding import (
+    Plan,
+    WindowOutput,
+    WindowRequest,
+    compression_ratio,
+    is_silent,
+)
+from vllm_whisper_align.tokens import WhisperTokens
 
 # A new segment starts after a sentence end or a pause this long (no timestamp tokens are decoded).
 SEGMENT_PAUSE_S = 1.0
@@ -118,11 +131,9 @@ def window_words(
     ``last_speech_timestamp`` of the reference's duration rules."""
     text_tokens = output.token_ids[: len(jumps) - 1]
     probs = np.exp(np.asarray(output.token_logprobs[: len(text_tokens)], dtype=np.float64))
-    alignment = word_timing.word_timings(
-        text_tokens, jumps, probs, tokens.decode_with_special, tokens.eot, language
-    )
+    alignment = word_timings(text_tokens, jumps, probs, tokens.decode_with_special, tokens.eot, language)
     span = {"tokens": list(text_tokens), "start": window.offset, "end": window.offset + window.duration}
-    last_speech = word_timing.add_word_timestamps(
+    last_speech = add_word_timestamps(
         [span], alignment, eot=tokens.eot, time_offset=window.offset, last_speech_timestamp=last_speech
     )
     timed: list[WordTiming] = span["words"]
@@ -130,10 +141,10 @@ def window_words(
     speech = speech_frames(samples)
     method = window.alignment.alignment_method if window.alignment is not None else "fixed"
     # Characters move on as sharply as the selected heads; onsets and ends moved them the wrong way.
-    word_timing.snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
+    snap_to_speech(timed, speech, window.offset, neighbour_sound=method != "fixed")
     if method == "auto":
-        word_timing.refine_starts(timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS)
-        word_timing.extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
+        refine_starts(timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS)
+        extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
     words = [Word(w.start, w.end, w.word, w.probability, list(w.tokens)) for w in timed]
     token_timings = [
         TokenTiming(

@@ -2,7 +2,7 @@
 
 ``register`` checks that this vLLM is one the plugin supports, makes our Whisper class serve the
 ``WhisperForConditionalGeneration`` architecture, and gives vLLM's workers the per-step capture
-hook and the RPC methods of the alignment store (through :mod:`vllm_whisper_align.vllm_adapter`).
+hook and the RPC methods of the alignment store (through :mod:`vllm_whisper_align.engine.vllm_internals`).
 """
 
 from __future__ import annotations
@@ -10,34 +10,35 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vllm_whisper_align import engine_defaults, memory, vllm_adapter
+from vllm_whisper_align import memory
+from vllm_whisper_align.engine import settings, vllm_internals
 from vllm_whisper_align.log import get_logger
+from vllm_whisper_align.protocol import (
+    NO_CAPTURE_MESSAGE,
+    RPC_CLEAR_ENCODER_CACHE,
+    RPC_DISCARD,
+    RPC_FETCH,
+    RPC_NO_SPEECH,
+    RPC_RETURN_IDLE_MEMORY,
+    RPC_STATS,
+)
 
 logger = get_logger(__name__)
 
 ARCHITECTURE = "WhisperForConditionalGeneration"
-MODEL_CLASS = "vllm_whisper_align.model:WhisperAlignForConditionalGeneration"
-
-# Names of the worker methods the API side calls through collective_rpc.
-RPC_FETCH = "whisper_align_fetch"
-RPC_DISCARD = "whisper_align_discard"
-RPC_STATS = "whisper_align_stats"
-RPC_NO_SPEECH = "whisper_align_no_speech"
-RPC_RETURN_IDLE_MEMORY = "whisper_align_return_idle_memory"
-RPC_CLEAR_ENCODER_CACHE = "whisper_align_clear_encoder_cache"
-NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
+MODEL_CLASS = "vllm_whisper_align.engine.model:WhisperAlignForConditionalGeneration"
 
 
 def register() -> None:
     from vllm import ModelRegistry
 
-    vllm_adapter.check_vllm()
-    vllm_adapter.guard_kernel_override_scan()
-    vllm_adapter.keep_single_cpu_worker_in_engine_core()
-    vllm_adapter.admit_encoder_rows_per_step(engine_defaults.encoder_rows_per_step, ARCHITECTURE)
+    vllm_internals.check_vllm()
+    vllm_internals.guard_kernel_override_scan()
+    vllm_internals.keep_single_cpu_worker_in_engine_core()
+    vllm_internals.admit_encoder_rows_per_step(settings.encoder_rows_per_step, ARCHITECTURE)
     # A string keeps torch/model imports out of processes that never build the model.
     ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
-    vllm_adapter.install_worker_methods(
+    vllm_internals.install_worker_methods(
         _after_step,
         {
             RPC_FETCH: _fetch,
@@ -52,12 +53,12 @@ def register() -> None:
 
 def alignment_capture_of(worker_wrapper: Any):
     """The loaded model's AlignmentCapture, or None (another model, TP > 1, not loaded yet)."""
-    return vllm_adapter.model_attribute(worker_wrapper, "alignment_capture")
+    return vllm_internals.model_attribute(worker_wrapper, "alignment_capture")
 
 
 def encoder_cache_of(worker_wrapper: Any):
     """The loaded model's EncoderOutputCache, or None (off, not on CPU, another model)."""
-    return vllm_adapter.model_attribute(worker_wrapper, "encoder_cache")
+    return vllm_internals.model_attribute(worker_wrapper, "encoder_cache")
 
 
 def _after_step(worker_wrapper: Any, scheduler_output: Any) -> None:
@@ -67,7 +68,7 @@ def _after_step(worker_wrapper: Any, scheduler_output: Any) -> None:
     if capture is None:
         return
     try:
-        capture.after_step(scheduler_output, vllm_adapter.batch_req_ids(worker_wrapper))
+        capture.after_step(scheduler_output, vllm_internals.batch_req_ids(worker_wrapper))
     except Exception as error:  # a capture bug must cost word timings, not the engine
         logger.exception("Word-timestamp capture failed; dropping the requests in flight")
         capture.fail_all(f"capture failed: {error}")
@@ -81,7 +82,7 @@ def _require_capture(worker_wrapper: Any):
 
 
 def _fetch(self, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from vllm_whisper_align.params import AlignmentRequest
+    from vllm_whisper_align.protocol import AlignmentRequest
 
     return _require_capture(self).fetch([AlignmentRequest(**r) for r in requests])
 
@@ -95,7 +96,7 @@ def _discard(self, keys: list[str]) -> int:
 
 
 def _stats(self) -> dict[str, int]:
-    buffers = vllm_adapter.kv_cache_buffers(self)
+    buffers = vllm_internals.kv_cache_buffers(self)
     encoder_cache = encoder_cache_of(self)
     return {
         **_require_capture(self).stats(),
@@ -136,7 +137,7 @@ def _return_idle_memory(self) -> bool:
     cleared = encoder_cache.clear() if idle and encoder_cache is not None else 0  # before the heap goes
     returned = memory.return_freed_heap() or cleared > 0
     if idle:
-        released = sum(memory.release_pages(*buffer) for buffer in vllm_adapter.kv_cache_buffers(self))
+        released = sum(memory.release_pages(*buffer) for buffer in vllm_internals.kv_cache_buffers(self))
         _kv_cache_releases += released > 0
         capture = alignment_capture_of(self)
         if capture is not None:

@@ -16,27 +16,31 @@ from typing import Any
 
 import numpy as np
 
-from vllm_whisper_align import decoding, longform, results
-from vllm_whisper_align.audio import AudioSource, SpilledSamples, decode_audio
-from vllm_whisper_align.checkpoints import resolve_model
-from vllm_whisper_align.engine_defaults import engine_environment, engine_settings
+from vllm_whisper_align import longform
+from vllm_whisper_align.align import results
+from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
+from vllm_whisper_align.checkpoints.bundled import resolve_model
+from vllm_whisper_align.engine.settings import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest, WhisperAlignConfig
-from vllm_whisper_align.plugin import (
+from vllm_whisper_align.protocol import (
+    DEFAULT_ALIGNMENT_METHOD,
     NO_CAPTURE_MESSAGE,
     RPC_CLEAR_ENCODER_CACHE,
     RPC_DISCARD,
     RPC_FETCH,
     RPC_NO_SPEECH,
     RPC_STATS,
+    AlignmentRequest,
+    WhisperAlignConfig,
 )
-from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 
 
 def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
-    """Engine settings sized to the model and the machine (see engine_defaults); anything given wins.
+    """Engine settings sized to the model and the machine (see engine.settings); anything given wins.
 
     Returns arguments only: the environment the engine also needs is :func:`engine_environment`'s.
     """

@@ -31,7 +31,7 @@ import torch
 
 from vllm_whisper_align import memory
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import (
+from vllm_whisper_align.protocol import (
     MAX_PARKED,
     RESULT_TTL_S,
     AlignmentParams,
@@ -107,7 +107,7 @@ class AlignmentCapture:
         self.q_slots: list[torch.Tensor] = []  # per layer: [slots * max_decoder_rows, heads, head_dim]
         self.k_slots: list[torch.Tensor] = []  # per layer: [slots, encoder_rows, heads, head_dim]
         self.num_slots = 0
-        # The most encoder inputs one step has started (engine_defaults.encoder_rows_per_step).
+        # The most encoder inputs one step has started (settings.encoder_rows_per_step).
         self.most_encoder_inputs_per_step = 0
 
     # ---- slots -------------------------------------------------------------------------------

@@ -17,20 +17,23 @@ from typing import Any
 import numpy as np
 from vllm import envs
 
-from vllm_whisper_align import decoding, longform, memory, results
-from vllm_whisper_align.audio import SAMPLE_RATE
+from vllm_whisper_align import longform, memory
+from vllm_whisper_align.align import results
+from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import DEFAULT_ALIGNMENT_METHOD, AlignmentRequest
-from vllm_whisper_align.plugin import (
+from vllm_whisper_align.protocol import (
+    DEFAULT_ALIGNMENT_METHOD,
     NO_CAPTURE_MESSAGE,
     RPC_DISCARD,
     RPC_FETCH,
     RPC_NO_SPEECH,
     RPC_RETURN_IDLE_MEMORY,
     RPC_STATS,
+    AlignmentRequest,
 )
-from vllm_whisper_align.tokenizer import WhisperTokens
-from vllm_whisper_align.vllm_adapter import collective_rpc_every_engine
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 

@@ -15,10 +15,19 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from vllm_whisper_align.audio import N_FRAMES
+from vllm_whisper_align.constants import MAX_DECODER_TOKENS, N_FRAMES
 
 EXTRA_ARGS_KEY = "whisper_align"
 NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
+
+# Names of the worker methods the API side calls through collective_rpc (the plugin installs them).
+RPC_FETCH = "whisper_align_fetch"
+RPC_DISCARD = "whisper_align_discard"
+RPC_STATS = "whisper_align_stats"
+RPC_NO_SPEECH = "whisper_align_no_speech"
+RPC_RETURN_IDLE_MEMORY = "whisper_align_return_idle_memory"
+RPC_CLEAR_ENCODER_CACHE = "whisper_align_clear_encoder_cache"
+NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whisper model, or TP > 1)"
 
 # Width of the median filter along frames (openai-whisper's find_alignment default). Here rather than
 # in timing.py, which uses it, so that the engine's processes, which import this module, do not
@@ -27,15 +36,12 @@ MEDFILT_WIDTH = 7
 
 # How word times are read from the captured heads: "auto" picks, per window, the heads whose
 # attention is sharpest (timing.select_heads) and refines starts to audio onsets; "fixed" is
-# openai-whisper's way, the model's tuned alignment heads (word_timing.snap_to_speech only);
+# openai-whisper's way, the model's tuned alignment heads (align.boundaries.snap_to_speech only);
 # "characters" (forced alignment of one window) teacher-forces the text one character per token and
 # reads the tuned heads, as Yeh et al. do (sharper on base's continuous speech; README).
 TRANSCRIPTION_METHODS = ("auto", "fixed")
 ALIGNMENT_METHODS = (*TRANSCRIPTION_METHODS, "characters")
 DEFAULT_ALIGNMENT_METHOD = "auto"
-
-# Decoder context of every Whisper model; the forced-alignment prompt must fit in it.
-MAX_DECODER_TOKENS = 448
 
 
 def new_alignment_key() -> str:
@@ -129,7 +135,7 @@ class NoSpeechParams:
     the no-speech token as the prediction of decoder row ``row`` (``<|startoftranscript|>``).
 
     vLLM's ``prompt_logprob_token_ids`` would give it, but only on its V2 model runner, which the
-    CPU backend does not use; so the worker reads it from the decoder's output (see capture.py).
+    CPU backend does not use; so the worker reads it from the decoder's output (see engine/capture.py).
     """
 
     row: int
@@ -180,7 +186,7 @@ class WhisperAlignConfig:
     # How long (s) and how many finished requests' matrices wait in host memory for their fetch.
     result_ttl_s: float = RESULT_TTL_S
     max_parked: int = MAX_PARKED
-    # Encoder linear layers in int8 (CPU only; see vllm_whisper_align.quantization).
+    # Encoder linear layers in int8 (CPU only; see vllm_whisper_align.engine.int8).
     encoder_int8: bool = False
     # Encoder outputs kept for a repeat of the same window (CPU only; see ENCODER_CACHE_MIB).
     encoder_cache_mib: int = ENCODER_CACHE_MIB

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_whisper_align.batch import (
+from vllm_whisper_align.batch.job import (
     STATUS_ERROR,
     STATUS_OK,
     Item,
@@ -143,8 +143,8 @@ class ServingEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from vllm_whisper_align.offline import prepare_engine
-        from vllm_whisper_align.server.service import AlignmentService, ServiceLimits
+        from vllm_whisper_align.runners.offline import prepare_engine
+        from vllm_whisper_align.runners.service import AlignmentService, ServiceLimits
 
         args = prepare_engine(model, **engine_args)
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))

@@ -21,25 +21,24 @@ from typing import Any
 import numpy as np
 from vllm import SamplingParams
 
-from vllm_whisper_align.audio import (
+from vllm_whisper_align.audio.decode import SpilledSamples
+from vllm_whisper_align.audio.windows import AudioChunk, chunk_audio
+from vllm_whisper_align.constants import (
     CHUNK_SECONDS,
+    MAX_DECODER_TOKENS,
     N_SAMPLES,
     N_SAMPLES_PER_TOKEN,
     SAMPLE_RATE,
-    AudioChunk,
-    SpilledSamples,
-    chunk_audio,
     num_mel_frames,
 )
-from vllm_whisper_align.params import (
+from vllm_whisper_align.protocol import (
     DEFAULT_ALIGNMENT_METHOD,
-    MAX_DECODER_TOKENS,
     AlignmentParams,
     AlignmentRequest,
     NoSpeechParams,
     new_alignment_key,
 )
-from vllm_whisper_align.tokenizer import WhisperTokens
+from vllm_whisper_align.tokens import WhisperTokens
 
 # Output tokens allowed per second of audio (plus a constant). Fast English is ~5-6 tokens/s, CJK ~8;
 # without timestamp tokens a repetition loop otherwise runs to the 448-token context and holds its batch.
@@ -325,7 +324,7 @@ def plan_transcription(
 ) -> Plan:
     """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (top_p, seed…); the
     temperature is ``fallback``'s first (default: openai-whisper's transcribe options);
-    ``alignment_method`` says how word times are read (``params.ALIGNMENT_METHODS``)."""
+    ``alignment_method`` says how word times are read (``protocol.ALIGNMENT_METHODS``)."""
     if alignment_method == "characters":
         raise ValueError(
             "alignment_method characters is for forced alignment; transcription reads auto or fixed"

@@ -14,7 +14,7 @@ Decided here and nowhere else, each only when the user did not set it:
   accounting, and the capture buffers by whole windows within it: 2048 cost a quarter more KV cache
   and twice the capture buffers for nothing.
 - the encoders one step may start, on CPU: CPU_ENCODER_WINDOWS_PER_STEP windows, on the scheduler
-  alone (``vllm_adapter.admit_encoder_rows_per_step``), not through that budget.
+  alone (``vllm_internals.admit_encoder_rows_per_step``), not through that budget.
 - eager execution (``enforce_eager``), on CPU: vLLM's CPU build traces the model with Dynamo but
   compiles nothing with Inductor here, and served no faster for it (32 clients, 12.0-12.6 s a burst
   of 32 clips either way) while it took 12 s longer to start and 55 MiB more in the engine core.
@@ -109,7 +109,7 @@ CPU_ENCODER_WINDOWS_PER_STEP = 4
 
 def encoder_rows_per_step(vllm_config: Any) -> int:
     """Encoder rows whose computation one engine step may start: vLLM's budget, and on CPU at least
-    CPU_ENCODER_WINDOWS_PER_STEP windows. The scheduler admits by it (``vllm_adapter``) and the
+    CPU_ENCODER_WINDOWS_PER_STEP windows. The scheduler admits by it (``vllm_internals``) and the
     capture sizes its per-step key buffer by it (``model``)."""
     budget = vllm_config.scheduler_config.max_num_encoder_input_tokens
     if vllm_config.device_config.device_type != "cpu":
@@ -272,7 +272,7 @@ def served_model_name(model_arg: str | None) -> str:
     A bundled model's name (``whisper-tiny.en``, ``whisper-base``); an existing directory's basename;
     otherwise the argument itself (a Hugging Face id such as ``openai/whisper-large-v3``).
     """
-    from vllm_whisper_align.checkpoints import BUNDLED_MODEL_NAMES, DEFAULT_BUNDLED_MODEL
+    from vllm_whisper_align.checkpoints.bundled import BUNDLED_MODEL_NAMES, DEFAULT_BUNDLED_MODEL
 
     model_arg = model_arg or DEFAULT_BUNDLED_MODEL
     if model_arg in BUNDLED_MODEL_NAMES:

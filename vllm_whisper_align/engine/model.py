@@ -3,7 +3,7 @@
 The forward only copies the alignment heads' cross-attention queries (every step) and keys (the step
 that feeds a request's encoder output) into buffers allocated once at load time. Nothing in the
 forward depends on which requests are running, so it stays valid under ``torch.compile`` and CUDA
-graphs; rows are attributed to requests after the step by :mod:`vllm_whisper_align.capture`, which
+graphs; rows are attributed to requests after the step by :mod:`vllm_whisper_align.engine.capture`, which
 also forms Q·Kᵀ for the requests that asked for it.
 """
 
@@ -17,14 +17,14 @@ from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.inputs import TextPrompt
 from vllm.model_executor.models.whisper import WhisperCrossAttention, WhisperForConditionalGeneration
 
-from vllm_whisper_align.capture import AlignmentCapture
-from vllm_whisper_align.encoder_cache import EncoderOutputCache, encode_with_cache
-from vllm_whisper_align.engine_defaults import encoder_rows_per_step
-from vllm_whisper_align.heads import captured_heads, resolve_alignment_heads
+from vllm_whisper_align.engine.capture import AlignmentCapture
+from vllm_whisper_align.engine.encoder_cache import EncoderOutputCache, encode_with_cache
+from vllm_whisper_align.engine.heads import captured_heads, resolve_alignment_heads
+from vllm_whisper_align.engine.int8 import encoder_int8_supported, quantize_encoder_linears
+from vllm_whisper_align.engine.settings import encoder_rows_per_step
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.params import WhisperAlignConfig
-from vllm_whisper_align.quantization import encoder_int8_supported, quantize_encoder_linears
-from vllm_whisper_align.tokenizer import ENGLISH_ONLY_START, is_english_only_vocab
+from vllm_whisper_align.protocol import WhisperAlignConfig
+from vllm_whisper_align.tokens import ENGLISH_ONLY_START, is_english_only_vocab
 
 logger = get_logger(__name__)
 

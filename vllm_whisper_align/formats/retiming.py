@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_whisper_align.formats import ALIGNMENT_FORMATS
-from vllm_whisper_align.subtitles import SUBTITLE_FORMATS, SubtitleCue, SubtitleFile, write_subtitles
+from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS
+from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleCue, SubtitleFile, write_subtitles
 
 # Formatting that is not spoken: HTML-like tags (SRT's <i>, VTT's <v Name>, <c.yellow>, <00:01.000>)
 # and the {\an8}-style override tags SRT files borrow from ASS.

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-from vllm_whisper_align.audio import TOKENS_PER_SECOND
-from vllm_whisper_align.params import MEDFILT_WIDTH
+from vllm_whisper_align.constants import TOKENS_PER_SECOND
+from vllm_whisper_align.protocol import MEDFILT_WIDTH
 
 # ---------------------------------------------------------------------------- median filter
 

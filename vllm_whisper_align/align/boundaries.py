@@ -1,0 +1,157 @@
+"""Word boundaries moved from DTW's 20 ms frames to what the audio says: starts out of silence and
+onto onsets, ends through a word's sound and its quiet tail. Not in openai-whisper; every rule and its
+tuned constants live here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vllm_whisper_align.align.words import PREPEND_PUNCTUATIONS, WordTiming, round_time
+from vllm_whisper_align.audio.features import SPEECH_FRAME_SECONDS, SpectralFlux, true_runs
+
+# refine_starts: how far (s) a start may move to an onset; how fast an onset's pull fades with its
+# distance from DTW's start (the standard deviation of a Gaussian weight, s); and how many 20 ms speech
+# frames must precede a start for it to count as inside continuous speech. Chosen on a continuous-speech
+# dev set (README, Word boundaries): the strongest onset within ±60 ms beat ±40 and ±100 ms; weighing
+# onsets by distance within ±120 ms beat that, σ 150 ms once quiet starts read falls (σ 80 ms before).
+ONSET_SEARCH_S = 0.12
+ONSET_DISTANCE_S = 0.15
+ONSET_AFTER_SOUND_FRAMES = 2
+# A word whose first sound is quieter than the sound before it (a stop's closure, a nasal, /w/) starts
+# where the sound falls, not where new energy rises: its pull is the rise plus FALL_WEIGHT times the fall.
+# Told by the first letter (spellings like English's; other scripts keep the rise alone). On the dev set,
+# stops, nasals and w beat stops alone, every consonant, and stops with liquids; weights 1.5-3 tie.
+QUIET_START_LETTERS = frozenset("bcdgkmnpqtw")
+FALL_WEIGHT = 2.0
+# extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
+TAIL_MAX_S = 0.15
+
+
+def snap_to_speech(
+    words: list[WordTiming],
+    speech: np.ndarray,
+    offset: float,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
+    neighbour_sound: bool = False,
+) -> None:
+    """Move word starts forward out of silence and word ends back out of it, in place.
+
+    Not in the reference: DTW hands the silence before a word to that word (and a clip's leading
+    silence to its first word, whose path must start at frame 0). ``speech`` is a per-frame mask
+    of the audio that starts at ``offset`` seconds; a word keeps at least one frame.
+
+    ``neighbour_sound``: the selected heads (``timing.select_heads``) move on to the next token as
+    soon as a word's sound ends, so a word's span can begin in the tail of the word before it and
+    end in the head of the word after it. Then sound at the very start of a span that is followed
+    by a silence belongs to the previous word (the word starts after that silence), and likewise at
+    the end. Without it the word is simply trimmed to the sound it covers.
+    """
+
+    def frame(seconds: float) -> int:
+        return int(round((seconds - offset) / frame_seconds))
+
+    for word in words:
+        first, last = frame(word.start), frame(word.end)  # [first, last) frames of the word
+        if not 0 <= first < last <= len(speech) or speech[first:last].all():
+            continue
+        starts, ends = true_runs(speech[first:last])
+        voiced = list(zip(starts.tolist(), ends.tolist(), strict=True))  # [start, end) of each sound
+        if not voiced:
+            continue  # no sound under the word at all: leave DTW's answer
+        start_run, end_run = voiced[0], voiced[-1]
+        if neighbour_sound and len(voiced) > 1:
+            if start_run[0] == 0:
+                start_run = voiced[1]
+            if end_run[1] == last - first:
+                end_run = voiced[-2]
+            if end_run[1] <= start_run[0]:
+                end_run = start_run
+        word.start = round_time(offset + (first + start_run[0]) * frame_seconds)
+        word.end = round_time(offset + (first + end_run[1]) * frame_seconds)
+
+
+def starts_quietly(word: str) -> bool:
+    """Whether ``word`` (as decoded: a leading space, maybe opening punctuation) begins with one of
+    ``QUIET_START_LETTERS``."""
+    letters = word.lstrip().lstrip(PREPEND_PUNCTUATIONS)
+    return letters[:1].lower() in QUIET_START_LETTERS
+
+
+def refine_starts(
+    words: list[WordTiming],
+    flux: SpectralFlux,
+    speech: np.ndarray,
+    offset: float,
+    onset_seconds: float,
+    speech_seconds: float = SPEECH_FRAME_SECONDS,
+) -> None:
+    """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it, each
+    onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``).
+
+    DTW only knows 20 ms encoder frames, and in continuous speech (no silence to snap to) its start
+    can sit a frame or more off the real one. ``flux`` is the audio's spectral rises and falls per
+    frame of ``onset_seconds`` (``audio.features.spectral_flux``): a word's onset strength is the rise, plus
+    ``FALL_WEIGHT`` times the fall where the word :func:`starts_quietly`. ``speech`` is the speech
+    mask per ``speech_seconds``; both start at ``offset``. Starts after silence are left alone
+    (``snap_to_speech`` placed them on the sound's first frame), and a start never moves before the
+    previous word's end or to the word's end. In place.
+    """
+    quiet_onsets = flux.rises + np.float32(FALL_WEIGHT) * flux.falls
+    previous_end = None
+    for word in words:
+        original_end = word.end
+        onsets = quiet_onsets if starts_quietly(word.word) else flux.rises
+        speech_frame = int(round((word.start - offset) / speech_seconds))
+        before = speech[max(0, speech_frame - ONSET_AFTER_SOUND_FRAMES) : speech_frame]
+        if speech_frame > 0 and len(before) and before.all():
+            low = word.start - ONSET_SEARCH_S
+            if previous_end is not None:
+                low = max(low, previous_end)
+            high = min(word.start + ONSET_SEARCH_S, word.end - onset_seconds)
+            first = max(0, int(round((low - offset) / onset_seconds)))
+            last = min(len(onsets) - 1, int(round((high - offset) / onset_seconds)))
+            current = int(round((word.start - offset) / onset_seconds))
+            if last > first and 0 <= current < len(onsets):
+                distance = (np.arange(first, last + 1) - current) * onset_seconds
+                pull = onsets[first : last + 1] * np.exp(-0.5 * (distance / ONSET_DISTANCE_S) ** 2)
+                peak = first + int(np.argmax(pull))
+                if pull[peak - first] > onsets[current]:  # nothing pulls harder than where it is: stay
+                    word.start = round_time(offset + peak * onset_seconds)
+        previous_end = original_end
+
+
+def extend_ends(
+    words: list[WordTiming],
+    speech: np.ndarray,
+    offset: float,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
+    sound: np.ndarray | None = None,
+) -> None:
+    """Move each end that falls inside sound forward to where that sound stops, then on through the
+    word's quiet tail, in place.
+
+    The selected heads leave a word early, while its sound still goes on (on speech with pauses
+    their ends were ~110 ms early, median). Where the sound under a word's end stops before the
+    next word starts (a pause), the word ends there; in continuous speech there is no such pause
+    and the end stays. ``speech`` as in :func:`snap_to_speech`. ``sound`` (``audio.features.sound_frames``,
+    same frames) marks the quieter sound that the speech mask leaves out: an end at the edge of the
+    speech mask runs on through it, up to ``TAIL_MAX_S`` and never to the next word's start.
+    """
+    for index, word in enumerate(words):
+        end = int(round((word.end - offset) / frame_seconds))
+        limit = len(speech)
+        if index + 1 < len(words):
+            limit = min(limit, int(round((words[index + 1].start - offset) / frame_seconds)))
+        if not 0 < end < limit or not speech[end - 1]:
+            continue
+        quiet = np.flatnonzero(~speech[end:limit])
+        if not len(quiet):
+            continue
+        end += int(quiet[0])
+        if sound is not None:
+            tail_limit = min(limit, len(sound), end + int(round(TAIL_MAX_S / frame_seconds)))
+            silent = np.flatnonzero(~sound[end:tail_limit])
+            if len(silent):  # the tail ends before the next word (or the limit): end there
+                end += int(silent[0])
+        word.end = round_time(offset + end * frame_seconds)

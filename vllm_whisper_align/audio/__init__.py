@@ -1,0 +1,3 @@
+"""Audio in (runs on the API side, knows nothing of vLLM): :mod:`.decode` (any container to 16 kHz
+mono), :mod:`.windows` (≤30 s windows cut in pauses), :mod:`.features` (speech and silence, onsets).
+"""

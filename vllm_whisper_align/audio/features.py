@@ -1,0 +1,124 @@
+"""What the audio itself says about word boundaries: frame levels and the noise floor, the speech mask
+and the quieter sound of word tails, and the spectral flux (rises and falls) that word starts are
+moved to. Computed per window on the API side, next to the alignment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_whisper_align.constants import HOP_LENGTH, N_FFT, SAMPLE_RATE
+
+
+def true_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and ends ([start, end)) of the runs of True in a boolean mask, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], np.asarray(mask).astype(np.int8), [0]])))
+    return edges[0::2], edges[1::2]
+
+
+# ---------------------------------------------------------------------------- speech / silence
+
+# One encoder frame: the resolution word times have anyway.
+SPEECH_FRAME_SECONDS = 0.02
+# A frame is speech when it is this far above the clip's noise floor and not far below its peak.
+SPEECH_ABOVE_NOISE_DB = 8.0
+SPEECH_BELOW_PEAK_DB = 50.0
+# Quiet runs shorter than this (stop-consonant closures) stay speech.
+MIN_SILENCE_SECONDS = 0.1
+
+
+# A word's quiet tail (a fading vowel, a final fricative or nasal) is still sound above the noise floor
+# where the speech mask (SPEECH_BELOW_PEAK_DB) has already called it silence.
+TAIL_ABOVE_NOISE_DB = 6.0
+
+
+def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Mean power in dB per 20 ms frame (the last frame zero-padded)."""
+    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
+    num_frames = -(-len(samples) // frame_length)
+    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
+    padded[: len(samples)] = samples
+    frames = padded.reshape(num_frames, frame_length)
+    # einsum: the same sums as np.mean(frames ** 2), 15x faster (no squared copy, 0.7 ms per 30 s)
+    power = np.einsum("ij,ij->i", frames, frames) / frame_length
+    return 10 * np.log10(power + 1e-12)
+
+
+def noise_floor_db(levels_db: np.ndarray) -> float:
+    """The level that a tenth of the frames stay under: the clip's noise, or its digital silence."""
+    return float(np.percentile(levels_db, 10))
+
+
+def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame: True where there is sound above the noise floor.
+
+    Cross-attention DTW gives a silence before a word to that word (it has to go somewhere);
+    this mask lets word boundaries be moved out of such silences.
+    """
+    level_db = frame_levels_db(samples, sample_rate)
+    if len(level_db) == 0:
+        return np.zeros(0, dtype=bool)
+    threshold = max(noise_floor_db(level_db) + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
+    speech = level_db > threshold
+    return _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
+
+
+def sound_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame: True where the level is ``TAIL_ABOVE_NOISE_DB`` over the noise floor,
+    however far below the loudest frame (the quiet tails :func:`speech_frames` leaves out)."""
+    level_db = frame_levels_db(samples, sample_rate)
+    if len(level_db) == 0:
+        return np.zeros(0, dtype=bool)
+    return level_db > noise_floor_db(level_db) + TAIL_ABOVE_NOISE_DB
+
+
+def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
+    speech = speech.copy()
+    for start, end in zip(*true_runs(~speech), strict=True):  # runs of silence [start, end)
+        if end - start < min_frames and start > 0 and end < len(speech):
+            speech[start:end] = True
+    return speech
+
+
+# ---------------------------------------------------------------------------- onsets
+
+# Spectral flux on Whisper's own STFT geometry: 25 ms windows every 10 ms.
+ONSET_FRAME_SECONDS = HOP_LENGTH / SAMPLE_RATE
+ONSET_BANDS = 40
+
+
+@dataclass(frozen=True)
+class SpectralFlux:
+    """Per 10 ms frame, how much the log-power spectrum rose and how much it fell from the frame before.
+
+    A word that starts with a loud sound (a vowel, /s/) starts where new energy rises; one that starts
+    quieter than the sound before it (a stop's closure, a nasal) starts where the sound falls
+    (``align.boundaries.refine_starts`` reads both).
+    """
+
+    rises: np.ndarray
+    falls: np.ndarray
+
+
+def spectral_flux(samples: np.ndarray) -> SpectralFlux:
+    """Rises and falls of the log-power spectrum per 10 ms frame.
+
+    Frame k is centred on sample k * HOP_LENGTH (the STFT is padded by half a window, as Whisper's
+    log-mel is). Power is summed into ``ONSET_BANDS`` equal bands before the log, so one noisy bin
+    cannot make an onset; each band's rise (or fall) from the frame before is summed over the bands.
+    """
+    samples = np.asarray(samples, dtype=np.float32)
+    padded = np.pad(samples, (N_FFT // 2, N_FFT // 2))
+    if len(padded) < N_FFT:
+        return SpectralFlux(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.float32))
+    frames = np.lib.stride_tricks.sliding_window_view(padded, N_FFT)[::HOP_LENGTH] * np.hanning(N_FFT)
+    power = np.abs(np.fft.rfft(frames, axis=-1)[:, 1:]) ** 2
+    bands = np.stack([band.sum(axis=-1) for band in np.array_split(power, ONSET_BANDS, axis=-1)], axis=-1)
+    log_power = np.log10(bands + 1e-10)
+    change = np.diff(log_power, axis=0, prepend=log_power[:1])
+    return SpectralFlux(
+        np.maximum(change, 0).sum(axis=-1).astype(np.float32),
+        np.maximum(-change, 0).sum(axis=-1).astype(np.float32),
+    )
