@@ -29,7 +29,7 @@ def aligner(model_dir):
 
     engine = WhisperAligner(str(model_dir), dtype="float32", max_num_seqs=16)
     yield engine
-    engine.llm.llm_engine.engine_core.shutdown()
+    engine.close()
 
 
 @pytest.fixture(scope="session")

@@ -242,7 +242,7 @@ def test_audio_from_a_uri(tmp_path):
 # pids, then waits.
 ORPHAN_SCRIPT = """
 import subprocess, sys, time
-from vllm_whisper_align.batch_ray import exit_with_parent
+from vllm_whisper_align.batch.on_ray import exit_with_parent
 exit_with_parent(0.1)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(f"{__import__('os').getpid()} {child.pid}", flush=True)

@@ -16,7 +16,8 @@ PACKAGE_LOGGER = "vllm.whisper_align"
 
 
 def get_logger(module_name: str):
-    """The logger of one of our modules: ``vllm_whisper_align.capture`` -> ``vllm.whisper_align.capture``."""
+    """The logger of one of our modules: ``vllm_whisper_align.engine.capture`` is
+    ``vllm.whisper_align.engine.capture``."""
     _, _, submodule = module_name.partition(".")
     return init_logger(f"{PACKAGE_LOGGER}.{submodule}" if submodule else PACKAGE_LOGGER)
 

@@ -121,7 +121,7 @@ def main() -> None:
         alignment_method_cost_pct=selection_cost,
         capture_stats=aligner.capture_stats(),
     )
-    aligner.llm.llm_engine.engine_core.shutdown()
+    aligner.close()
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ logger = get_logger(__name__)
 
 
 class CapturingLayer(Protocol):
-    """What the store needs of a decoder layer's cross-attention (``model.CapturingCrossAttention``)."""
+    """What the store needs of a decoder layer's cross-attention (``capture_cross_attention``)."""
 
     capture_heads: list[int]
     captured_q: torch.Tensor  # [max_tokens, len(capture_heads), head_dim]: this step's queries

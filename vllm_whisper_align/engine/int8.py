@@ -16,9 +16,10 @@ quantization uses ``reduce_range`` for the same reason.
 from __future__ import annotations
 
 import torch
-from vllm import _custom_ops as ops
 from vllm.model_executor.layers.linear import LinearBase
 from vllm.platforms import current_platform
+
+from vllm_whisper_align.engine.vllm_internals import onednn_ops
 
 WEIGHT_QMAX = 63
 
@@ -39,8 +40,9 @@ class Int8DynamicLinear:
         self.out_features = quantized.shape[0]
         # The handler reads the scales through a pointer when it runs: keep them alive here.
         self.weight_scale = scale
+        self.ops = onednn_ops()
         # oneDNN wants [K, N] with N contiguous: the transpose view of the [N, K] tensor.
-        self.handler = ops.create_onednn_scaled_mm(quantized.t(), scale, output_dtype, True, False, 32)
+        self.handler = self.ops.create_onednn_scaled_mm(quantized.t(), scale, output_dtype, True, False, 32)
         self.output_dtype = output_dtype
 
     def apply(
@@ -48,16 +50,16 @@ class Int8DynamicLinear:
     ) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        x_q, x_scale, _ = ops.onednn_scaled_int8_quant(x, None, None, True)
+        x_q, x_scale, _ = self.ops.onednn_scaled_int8_quant(x, None, None, True)
         out = torch.empty((x.shape[0], self.out_features), dtype=self.output_dtype)
-        ops.onednn_scaled_mm(self.handler, x_q, out, x_scale, None, None, bias)
+        self.ops.onednn_scaled_mm(self.handler, x_q, out, x_scale, None, None, bias)
         return out.reshape(*shape[:-1], self.out_features)
 
 
 def encoder_int8_supported() -> tuple[bool, str]:
     if not current_platform.is_cpu():
         return False, "the int8 encoder uses vLLM's oneDNN CPU kernels; this is not a CPU platform"
-    if not getattr(ops, "_supports_onednn", False):
+    if onednn_ops() is None:
         return False, "this vLLM build has no oneDNN kernels"
     return True, ""
 

@@ -1,10 +1,11 @@
 """vLLM's Whisper with the alignment heads' cross-attention kept from the decoding forward.
 
 The forward only copies the alignment heads' cross-attention queries (every step) and keys (the step
-that feeds a request's encoder output) into buffers allocated once at load time. Nothing in the
-forward depends on which requests are running, so it stays valid under ``torch.compile`` and CUDA
-graphs; rows are attributed to requests after the step by :mod:`vllm_whisper_align.engine.capture`, which
-also forms Q·Kᵀ for the requests that asked for it.
+that feeds a request's encoder output) into buffers allocated once at load time (the layers are swapped
+by :func:`~vllm_whisper_align.engine.vllm_internals.capture_cross_attention`). Nothing in the forward
+depends on which requests are running, so it stays valid under ``torch.compile`` and CUDA graphs; rows
+are attributed to requests after the step by :mod:`vllm_whisper_align.engine.capture`, which also forms
+Q·Kᵀ for the requests that asked for it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import torch
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.inputs import TextPrompt
-from vllm.model_executor.models.whisper import WhisperCrossAttention, WhisperForConditionalGeneration
+from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
 
+from vllm_whisper_align.engine import vllm_internals
 from vllm_whisper_align.engine.capture import AlignmentCapture
 from vllm_whisper_align.engine.encoder_cache import EncoderOutputCache, encode_with_cache
 from vllm_whisper_align.engine.heads import captured_heads, resolve_alignment_heads
@@ -27,50 +29,6 @@ from vllm_whisper_align.protocol import WhisperAlignConfig
 from vllm_whisper_align.tokens import ENGLISH_ONLY_START, is_english_only_vocab
 
 logger = get_logger(__name__)
-
-
-class CapturingCrossAttention(WhisperCrossAttention):
-    """Whisper cross-attention that also writes its alignment heads' q and k to fixed buffers."""
-
-    capture_heads: list[int]
-    captured_q: torch.Tensor  # [max_tokens, len(capture_heads), head_dim]
-    captured_k: torch.Tensor  # [max_encoder_rows, len(capture_heads), head_dim]
-
-    def attach_capture(self, heads: list[int], max_tokens: int, max_encoder_rows: int) -> None:
-        self.capture_heads = heads
-        weight = self.q_proj.weight
-        shape = (len(heads), self.head_dim)
-        # Non-persistent buffers: they follow the module to its device and are graph inputs to
-        # torch.compile, but never appear in the state dict the weight loader walks.
-        self.register_buffer(
-            "captured_q",
-            torch.zeros((max_tokens, *shape), dtype=weight.dtype, device=weight.device),
-            persistent=False,
-        )
-        self.register_buffer(
-            "captured_k",
-            torch.zeros((max_encoder_rows, *shape), dtype=weight.dtype, device=weight.device),
-            persistent=False,
-        )
-
-    def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None):
-        q, _ = self.q_proj(hidden_states)
-        num_tokens = q.shape[0]
-        self.captured_q[:num_tokens].copy_(
-            q.view(num_tokens, self.num_heads, self.head_dim)[:, self.capture_heads]
-        )
-        if encoder_hidden_states is not None:
-            kv, _ = self.kv_proj(encoder_hidden_states)
-            k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
-            num_rows = min(k.shape[0], self.captured_k.shape[0])
-            self.captured_k[:num_rows].copy_(
-                k[:num_rows].view(num_rows, self.num_kv_heads, self.head_dim)[:, self.capture_heads]
-            )
-        else:
-            k = v = None
-        attn_output = self.attn(q, k, v)
-        output, _ = self.out_proj(attn_output)
-        return output
 
 
 class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
@@ -90,6 +48,7 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         return prompt
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        vllm_internals.check_whisper_model_internals()
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         config = vllm_config.model_config.hf_config
         generation_config = vllm_config.model_config.try_get_generation_config()
@@ -126,7 +85,7 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         """vLLM's encoder pass, run only on the inputs whose output the encoder cache lacks."""
         if self.encoder_cache is None:
             return super().embed_multimodal(**kwargs)
-        features = self._parse_and_validate_audio_input(**kwargs)["input_features"]
+        features = vllm_internals.audio_input_features(self, kwargs)
         inputs = list(features.unbind(0)) if isinstance(features, torch.Tensor) else list(features)
         return tuple(
             encode_with_cache(
@@ -162,9 +121,9 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         layers = []
         for layer_index, heads in self.captured_heads.by_layer().items():
             attention = self.model.decoder.layers[layer_index].encoder_attn
-            attention.__class__ = CapturingCrossAttention
-            attention.attach_capture(heads, max_tokens, max_encoder_rows)
-            layers.append(attention)
+            layers.append(
+                vllm_internals.capture_cross_attention(attention, heads, max_tokens, max_encoder_rows)
+            )
         self.alignment_capture = AlignmentCapture(
             layers=layers,
             head_dim=config.d_model // config.decoder_attention_heads,

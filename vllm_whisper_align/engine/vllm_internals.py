@@ -67,6 +67,157 @@ def _missing_internals() -> list[str]:
     return missing
 
 
+# ---------------------------------------------------------------------------- the model (engine processes)
+
+# What CapturingCrossAttention.forward reads of vLLM's WhisperCrossAttention (set in its __init__).
+CROSS_ATTENTION_ATTRIBUTES = (
+    "q_proj",
+    "kv_proj",
+    "attn",
+    "out_proj",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "kv_size",
+)
+
+
+def check_whisper_model_internals() -> None:
+    """Refuse, when the model is built, a vLLM whose Whisper cross-attention no longer has the shape
+    :class:`CapturingCrossAttention` copies (its forward's arguments; its layers are checked on the
+    instance by :func:`capture_cross_attention`), or whose model lost its audio-input parser."""
+    import inspect
+
+    from vllm.model_executor.models.whisper import WhisperCrossAttention, WhisperForConditionalGeneration
+
+    arguments = list(inspect.signature(WhisperCrossAttention.forward).parameters)
+    missing = []
+    if arguments[1:] != ["hidden_states", "encoder_hidden_states"]:
+        missing.append(
+            f"WhisperCrossAttention.forward(hidden_states, encoder_hidden_states), not {arguments}"
+        )
+    if not callable(getattr(WhisperForConditionalGeneration, "_parse_and_validate_audio_input", None)):
+        missing.append("WhisperForConditionalGeneration._parse_and_validate_audio_input")
+    if missing:
+        raise UnsupportedVllmError(
+            f"this vLLM's Whisper lacks what word timestamps read ({'; '.join(missing)}); supported: "
+            f"vLLM {supported_versions_text()}"
+        )
+
+
+def capture_cross_attention(attention: Any, heads: list[int], max_tokens: int, max_encoder_rows: int) -> Any:
+    """``attention`` (a loaded ``WhisperCrossAttention``) turned into a :class:`CapturingCrossAttention`
+    that also writes ``heads``' queries and keys to buffers allocated here.
+
+    Why internal: vLLM has no hook into an attention layer's forward, and the queries and keys exist only
+    inside it. The class is swapped on the loaded module (weights and buffers stay where vLLM put
+    them), and its forward is vLLM 0.32's with two copies added.
+    """
+    missing = [name for name in CROSS_ATTENTION_ATTRIBUTES if not hasattr(attention, name)]
+    if missing:
+        raise UnsupportedVllmError(
+            f"WhisperCrossAttention has no {', '.join(missing)} in this vLLM; "
+            f"supported: vLLM {supported_versions_text()}"
+        )
+    attention.__class__ = _capturing_class(type(attention))
+    attention.attach_capture(heads, max_tokens, max_encoder_rows)
+    return attention
+
+
+def audio_input_features(model: Any, kwargs: dict[str, Any]) -> Any:
+    """The batch's input features, as vLLM's ``embed_multimodal`` reads them (a tensor or a list).
+
+    Why internal: the model's own parser, ``_parse_and_validate_audio_input``, turns the multimodal
+    keyword arguments into features of the model's dtype; the encoder cache must read them the same way.
+    """
+    return model._parse_and_validate_audio_input(**kwargs)["input_features"]
+
+
+def _capturing_class(base: type) -> type:
+    import torch
+
+    class CapturingCrossAttention(base):
+        """Whisper cross-attention that also writes its alignment heads' q and k to fixed buffers."""
+
+        capture_heads: list[int]
+        captured_q: torch.Tensor  # [max_tokens, len(capture_heads), head_dim]
+        captured_k: torch.Tensor  # [max_encoder_rows, len(capture_heads), head_dim]
+
+        def attach_capture(self, heads: list[int], max_tokens: int, max_encoder_rows: int) -> None:
+            self.capture_heads = heads
+            weight = self.q_proj.weight
+            shape = (len(heads), self.head_dim)
+            # Non-persistent buffers: they follow the module to its device and are graph inputs to
+            # torch.compile, but never appear in the state dict the weight loader walks.
+            self.register_buffer(
+                "captured_q",
+                torch.zeros((max_tokens, *shape), dtype=weight.dtype, device=weight.device),
+                persistent=False,
+            )
+            self.register_buffer(
+                "captured_k",
+                torch.zeros((max_encoder_rows, *shape), dtype=weight.dtype, device=weight.device),
+                persistent=False,
+            )
+
+        def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None):
+            q, _ = self.q_proj(hidden_states)
+            num_tokens = q.shape[0]
+            self.captured_q[:num_tokens].copy_(
+                q.view(num_tokens, self.num_heads, self.head_dim)[:, self.capture_heads]
+            )
+            if encoder_hidden_states is not None:
+                kv, _ = self.kv_proj(encoder_hidden_states)
+                k, v = kv.split([self.kv_size, self.kv_size], dim=-1)
+                num_rows = min(k.shape[0], self.captured_k.shape[0])
+                self.captured_k[:num_rows].copy_(
+                    k[:num_rows].view(num_rows, self.num_kv_heads, self.head_dim)[:, self.capture_heads]
+                )
+            else:
+                k = v = None
+            attn_output = self.attn(q, k, v)
+            output, _ = self.out_proj(attn_output)
+            return output
+
+    return _CAPTURING_CLASSES.setdefault(base, CapturingCrossAttention)
+
+
+# One capturing class per vLLM class it extends (every layer of a model shares it).
+_CAPTURING_CLASSES: dict[type, type] = {}
+
+
+# ---------------------------------------------------------------------------- int8 encoder (CPU)
+
+
+def onednn_ops() -> Any | None:
+    """vLLM's compiled oneDNN kernels (``vllm._custom_ops``), or None where this build has none.
+
+    Why internal: ``_custom_ops`` is vLLM's private kernel namespace; the int8 encoder
+    (``engine.int8``) calls ``create_onednn_scaled_mm``, ``onednn_scaled_int8_quant`` and
+    ``onednn_scaled_mm`` as vLLM's own CPU int8 linear method does.
+    """
+    from vllm import _custom_ops
+
+    needed = ("create_onednn_scaled_mm", "onednn_scaled_int8_quant", "onednn_scaled_mm")
+    if not getattr(_custom_ops, "_supports_onednn", False) or not all(
+        hasattr(_custom_ops, n) for n in needed
+    ):
+        return None
+    return _custom_ops
+
+
+# ---------------------------------------------------------------------------- offline engine
+
+
+def shutdown_llm(llm: Any, timeout_s: float | None = None) -> None:
+    """Stop a ``vllm.LLM``'s engine processes and wait for them (up to ``timeout_s``).
+
+    Why internal: ``LLM`` has no close(); its engine core client stops only at garbage collection or at
+    interpreter exit, where vLLM's own shutdown races it and warns of a core that "exited unexpectedly".
+    """
+    llm.llm_engine.engine_core.shutdown(timeout=timeout_s)
+
+
 # ---------------------------------------------------------------------------- worker side
 
 

@@ -1,7 +1,7 @@
 """Python API over ``vllm.LLM``: transcribe or align many files with one engine.
 
 Plain ``LLM.generate`` works too — put :class:`AlignmentParams` in ``SamplingParams.extra_args``
-(see :func:`vllm_whisper_align.decoding.plan_transcription`) and fetch the matrices afterwards
+(see :func:`vllm_whisper_align.runners.decoding.plan_transcription`) and fetch the matrices afterwards
 with ``llm.collective_rpc("whisper_align_fetch", args=([{"key": ..., "num_text_tokens": ...}],))``;
 :class:`WhisperAligner` does exactly that.
 """
@@ -20,6 +20,7 @@ from vllm_whisper_align import longform
 from vllm_whisper_align.align import results
 from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints.bundled import resolve_model
+from vllm_whisper_align.engine import vllm_internals
 from vllm_whisper_align.engine.settings import engine_environment, engine_settings
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.protocol import (
@@ -90,7 +91,7 @@ class WhisperAligner:
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""
-        self.llm.llm_engine.engine_core.shutdown(timeout=ENGINE_SHUTDOWN_TIMEOUT_S)
+        vllm_internals.shutdown_llm(self.llm, ENGINE_SHUTDOWN_TIMEOUT_S)
 
     def __enter__(self) -> WhisperAligner:
         return self
