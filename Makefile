@@ -1,5 +1,5 @@
 # Every target creates .venv/ (and installs what it needs) on first use: see scripts/bootstrap.
-.PHONY: serve test demo bench venv
+.PHONY: serve test test-fast lint demo bench venv
 
 PY := .venv/bin/python
 PORT ?= 8000
@@ -10,10 +10,18 @@ venv:
 serve: venv
 	.venv/bin/vllm-whisper-align serve --port $(PORT)
 
-test: venv
+lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+# The whole suite: a real engine, a real server, the openai client, the CLI (about 25 minutes).
+test: lint
 	$(PY) -m pytest -q
+
+# The pure tests only (tests/unit: no engine, no server), in a minute or two.
+test-fast: lint
+	$(PY) -m pytest -q tests/unit
 
 demo: venv
 	.venv/bin/vllm-whisper-align transcribe vllm_whisper_align/assets/sample.flac --word-timestamps --format verbose_json

@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # tests.support: the speech helpers the tests use
 
-from speech import (  # noqa: E402
+from tests.support.speech import (  # noqa: E402
     SENTENCES,
     SpokenClip,
     concatenate_clips,

@@ -122,7 +122,7 @@ def offline_rounds(items, rounds: int, batch_size: int) -> dict:
             started = time.perf_counter()
             results = aligner.transcribe(paths, word_timestamps=True)
             walls.append(time.perf_counter() - started)
-            words = sum(len(r["words"]) for r in results)
+            words = sum(len(r.words) for r in results)
             log(f"offline round {round_ + 1}: {walls[-1]:.1f} s, {words} words")
         chunked = []  # the job's shape without Ray: one call per batch, one after another
         for round_ in range(rounds):

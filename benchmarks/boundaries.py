@@ -19,10 +19,11 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # tests.support: the speech helpers the tests use
 
 from common import load_wav  # noqa: E402
-from speech import SpokenClip, start_errors  # noqa: E402
+
+from tests.support.speech import SpokenClip, start_errors  # noqa: E402
 
 KINDS = ("continuous", "pauses")
 
@@ -38,10 +39,10 @@ def clips_by_kind(truth: dict) -> dict[str, list[SpokenClip]]:
     }
 
 
-def shares(clips: list[SpokenClip], results: list[dict], heard_only: bool = False) -> dict[str, float]:
-    """Shares within 50 / 100 / 200 ms and the start MAE over the words with a known start; with
-    ``heard_only``, over those the results have (a transcription's heard words)."""
-    errors = np.concatenate([start_errors(c, r["words"]) for c, r in zip(clips, results, strict=True)])
+def shares(clips: list[SpokenClip], words: list[list], heard_only: bool = False) -> dict[str, float]:
+    """Shares within 50 / 100 / 200 ms and the start MAE over the words with a known start, from each
+    clip's words; with ``heard_only``, over the words heard (a transcription's)."""
+    errors = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
     errors = errors[np.isfinite(errors)] if heard_only else errors[~np.isnan(errors)]
     out = {f"within_{ms}ms_pct": round(100 * float(np.mean(errors <= ms / 1000)), 1) for ms in (50, 100, 200)}
     return {**out, "start_mae_ms": round(1000 * float(np.mean(errors)), 1), "words": int(errors.size)}
@@ -70,7 +71,14 @@ def main() -> None:
                     language="en",
                     alignment_method=method,
                 )
-                rows.append({"model": args.model, "method": method, "speech": kind, **shares(clips, results)})
+                rows.append(
+                    {
+                        "model": args.model,
+                        "method": method,
+                        "speech": kind,
+                        **shares(clips, [r.words for r in results]),
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
     (HERE / "out" / f"boundaries-{args.model}.json").write_text(json.dumps(rows, indent=1))
 

@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/boundary_replay.py replay [--out ...]
 
 ``record`` runs one float32 ``WhisperAligner`` over three clip sets and keeps what the engine hands
-``results.window_results`` for every window (the captured cross-attention of the whole head pool, the
-tokens and their log-probabilities, the samples): forced alignment of the spoken text, and
+``align.results.window_results`` for every window (the captured cross-attention of the whole head pool,
+the tokens and their log-probabilities, the samples): forced alignment of the spoken text, and
 transcription. ``replay`` runs ``results.window_results`` again on the recording with the code as it is
 now (head selection, DTW, snapping, onset refinement) and prints the share of word starts within
 50 / 100 / 200 ms and the start MAE per set (``boundaries.shares``), and for speech with pauses (whose
@@ -26,14 +26,14 @@ import argparse
 import json
 import pickle
 import sys
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))  # tests.support: the speech helpers the tests use
 
 from audio import (  # noqa: E402
     ALL_SENTENCES,
@@ -46,9 +46,12 @@ from audio import (  # noqa: E402
     make_short,
 )
 from boundaries import shares  # noqa: E402
-from speech import SpokenClip, end_errors, synthesize_sentence, synthesize_words  # noqa: E402
+
+from tests.support.speech import SpokenClip, end_errors, synthesize_sentence, synthesize_words  # noqa: E402
 
 DEFAULT_OUT = HERE / "out" / "boundary-replay.pkl"
+# Bump when what record() keeps changes: a recording of another version is refused, not misread.
+RECORDING_VERSION = 2
 # The voices and rates the boundary constants were chosen on (benchmarks/audio.py: never the held-out ones).
 DEV_VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp", "en-us+m3", "en-029"]
 DEV_RATES = [140, 150, 160, 170, 180, 190]
@@ -98,6 +101,7 @@ def clip_sets() -> dict[str, list[SpokenClip]]:
 
 def record(out: Path) -> None:
     from vllm_whisper_align.align import results
+    from vllm_whisper_align.audio.windows import AudioChunk
     from vllm_whisper_align.checkpoints.bundled import default_model_path
     from vllm_whisper_align.runners.offline import WhisperAligner
 
@@ -105,24 +109,17 @@ def record(out: Path) -> None:
     calls: list[dict] = []
     window_results = results.window_results
 
-    def keep(plan, outputs, fetched, tokens):
-        calls.append(
-            {
-                "windows": [
-                    (w.samples, w.offset, w.duration, w.alignment, w.forced_tokens) for w in plan.windows
-                ],
-                "outputs": list(outputs),
-                "fetched": list(fetched),
-                "language": plan.language,
-                "word_timestamps": plan.word_timestamps,
-                "fallback": plan.fallback,
-            }
-        )
-        return window_results(plan, outputs, fetched, tokens)
+    def keep(windows, fetched, tokens, info):
+        # The windows' samples in memory (a long input's may be in a temporary file), positions kept.
+        kept = [replace(w, audio=AudioChunk(w.audio.samples, 0, w.audio.num_samples)) for w in windows]
+        offsets = [w.offset for w in windows]
+        calls.append({"windows": kept, "offsets": offsets, "fetched": list(fetched), "info": info})
+        return window_results(windows, fetched, tokens, info)
 
     results.window_results = keep
     recorded: dict = {
-        "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()}
+        "version": RECORDING_VERSION,
+        "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()},
     }
     with WhisperAligner(str(default_model_path()), dtype="float32") as aligner:
         for name, clips in sets.items():
@@ -148,6 +145,8 @@ def load(path: Path) -> tuple[dict, object]:
 
     with open(path, "rb") as file:
         recorded = pickle.load(file)
+    if recorded.get("version") != RECORDING_VERSION:
+        raise SystemExit(f"{path} was recorded by another version of this script: record it again")
     model = default_model_path()
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
     return recorded, WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(str(model)), vocab_size)
@@ -159,17 +158,12 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
 
     words = []
     for call in recorded[(name, mode)]:
+        # Each window back at its place in the input (its samples were recorded from 0).
         windows = [
-            SimpleNamespace(samples=s, offset=o, duration=d, alignment=a, forced_tokens=f)
-            for s, o, d, a, f in call["windows"]
+            replace(w, audio=_at(w.audio, offset))
+            for w, offset in zip(call["windows"], call["offsets"], strict=True)
         ]
-        plan = SimpleNamespace(
-            windows=windows,
-            word_timestamps=call["word_timestamps"],
-            language=call["language"],
-            fallback=call["fallback"],
-        )
-        answers = results.window_results(plan, call["outputs"], call["fetched"], tokens)
+        answers = results.window_results(windows, call["fetched"], tokens, call["info"])
         words.append(
             [
                 {"word": w.word, "start": w.start, "end": w.end}
@@ -179,6 +173,16 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
             ]
         )
     return words
+
+
+def _at(audio, offset: float):
+    """``audio``'s samples as a window starting ``offset`` seconds into its input."""
+    from vllm_whisper_align.audio.windows import AudioChunk
+    from vllm_whisper_align.constants import SAMPLE_RATE
+
+    start = int(round(offset * SAMPLE_RATE))
+    padded = np.concatenate([np.zeros(start, dtype=np.float32), audio.samples])
+    return AudioChunk(padded, start, len(padded))
 
 
 def end_shares(clips: list[SpokenClip], words: list[list[dict]]) -> dict[str, float]:
@@ -196,7 +200,7 @@ def replay(path: Path) -> None:
         clips = [SpokenClip(np.zeros(1), *clip) for clip in recorded["clips"][name]]
         for mode in MODES:
             words = replay_words(recorded, tokens, name, mode)
-            figures = shares(clips, [{"words": w} for w in words], heard_only=mode == "transcribed")
+            figures = shares(clips, words, heard_only=mode == "transcribed")
             line = (
                 f"{name:11} {mode:11} starts {figures['within_50ms_pct']} / "
                 f"{figures['within_100ms_pct']} / {figures['within_200ms_pct']}, "

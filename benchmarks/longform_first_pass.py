@@ -5,10 +5,10 @@ transcription with word timestamps, on the same recordings (issue #10's throughp
 
 Recordings built by the tests' speech helpers (espeak-ng, every word's start known): 3 minutes of words
 with pauses and about 4.4 minutes of nearly continuous speech (40 ms between words). Each round aligns
-each recording with the short first pass, then with the full one (``longform.short_pass``
+each recording with the short first pass, then with the full one (``longform.steps.short_pass``
 made to decline, as when a window's share would overflow the decoder), then transcribes it; one
 recording at a time, after a warm-up. Prints wall times, start MAE and the share of starts within
-50 / 100 ms, and how many windows failed the check (``longform.unheard_windows``) and were aligned
+50 / 100 ms, and how many windows failed the check (``longform.check.unheard_windows``) and were aligned
 again, with their neighbours, from a full first pass.
 """
 
@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support
 
-from speech import SENTENCES, long_clip, synthesize_words  # noqa: E402
-
-from vllm_whisper_align import longform  # noqa: E402
+from tests.support.speech import SENTENCES, long_clip, synthesize_words  # noqa: E402
+from vllm_whisper_align.longform import steps  # noqa: E402
 
 
 def continuous_clip(num_words: int):
@@ -45,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     from vllm_whisper_align.runners.offline import WhisperAligner
 
-    short_pass, check = longform.short_pass, longform.unheard_windows
+    short_pass, check = steps.short_pass, steps.unheard_windows
     state = {"short": True, "fallbacks": 0}
 
     def prefix_plans(*a, **k):
@@ -56,7 +55,7 @@ def main() -> None:
         state["fallbacks"] = int(failed.sum())  # the last check of an alignment: the windows redone
         return failed
 
-    longform.short_pass, longform.unheard_windows = prefix_plans, checked
+    steps.short_pass, steps.unheard_windows = prefix_plans, checked
     clips = {"pauses": long_clip(180), "continuous": continuous_clip(600)}
     with WhisperAligner(dtype=args.dtype) as aligner:
         warm = clips["pauses"]
@@ -69,7 +68,7 @@ def main() -> None:
                     began = time.perf_counter()
                     result = aligner.align([clip.samples], [clip.text])[0]
                     times.setdefault((name, label), []).append(time.perf_counter() - began)
-                    errors = np.abs(np.array([w["start"] for w in result["words"]]) - np.array(clip.starts))
+                    errors = np.abs(np.array([w.start for w in result.words]) - np.array(clip.starts))
                     wall = times[name, label][-1]
                     print(
                         f"{name} {label}: {wall:.2f} s, start MAE {errors.mean() * 1000:.1f} ms, "

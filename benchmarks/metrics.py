@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from speech import align_words  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
+from tests.support.speech import align_words  # noqa: E402
 
 THRESHOLDS_MS = (50, 100, 200)
 AGREEMENT_MS = (20, 100)

@@ -933,8 +933,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "speech (voices en-gb-scotland, en+f2, en-us+f4, en-us+m1, 145–195 wpm; every word's start from "
         "libespeak-ng's word events); some with white noise at -45/-35 dBFS (`benchmarks/audio.py`).",
         "- What each tuning change gave (thread binding, the int8 encoder, the benchmark's own sampler): "
-        "[TUNING.md](TUNING.md). Variants named `+int8enc` run the encoder's linear layers in int8 "
-        '(`--additional-config \'{"whisper_align": {"encoder_int8": true}}\'`).',
+        "[docs/tuning.md](../docs/tuning.md). Variants named `+int8enc` run the encoder's linear layers "
+        'in int8 (`--additional-config \'{"whisper_align": {"encoder_int8": true}}\'`).',
         "",
         "## Results",
         "",
@@ -1020,8 +1020,8 @@ def results_markdown(result: dict, plot_ok: bool, quick: bool) -> str:
         "- Two CPU cores: every system's threads and, for HTTP, the benchmark's own client share them.",
         "- vLLM runs an API server and an engine core process (HTTP) or the caller and an engine core "
         "(offline); the model runs in the engine core (vLLM's CPU backend would start a worker process "
-        "of its own: the plugin keeps it in the engine core, see README). Summed RSS counts their shared "
-        "pages (torch, libraries) once per process, so it overstates our memory compared with the "
+        "of its own: the plugin keeps it in the engine core, see docs/capture.md). Summed RSS counts their "
+        "shared pages (torch, libraries) once per process, so it overstates our memory compared with the "
         "single-process peers. The PSS column does not double count.",
         "- bfloat16 rows: "
         + (

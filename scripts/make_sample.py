@@ -13,9 +13,9 @@ from pathlib import Path
 import soundfile
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT))  # tests.support: the speech helpers the tests use
 
-from speech import SAMPLE_RATE, synthesize_words  # noqa: E402
+from tests.support.speech import SAMPLE_RATE, synthesize_words  # noqa: E402
 
 WORDS = "the quick brown fox jumps over the lazy dog".split()
 GAPS = [0.2, 0.3, 0.45, 0.25, 0.35, 0.2, 0.3, 0.4]

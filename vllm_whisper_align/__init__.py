@@ -11,3 +11,20 @@ that travels to the engine in ``SamplingParams.extra_args``.
 """
 
 __version__ = "0.1.0"
+
+# The Python API, imported on first use: importing the package must not import vLLM (the CLI hides
+# Triton before vLLM loads; the engine's processes import the package for its plugin).
+_PUBLIC = {
+    "WhisperAligner": "vllm_whisper_align.runners.offline",
+    "Transcript": "vllm_whisper_align.align.results",
+    "TranscriptionOptions": "vllm_whisper_align.options",
+    "AlignmentOptions": "vllm_whisper_align.options",
+}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'vllm_whisper_align' has no attribute {name!r}")

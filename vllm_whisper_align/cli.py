@@ -19,11 +19,23 @@ import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.formats.responses import RESPONSE_FORMATS
 from vllm_whisper_align.memory import hide_triton_without_cpu_backend
-from vllm_whisper_align.protocol import ALIGNMENT_METHODS, DEFAULT_ALIGNMENT_METHOD
+from vllm_whisper_align.options import (
+    ALIGNMENT_OPTIONS,
+    LINE_OPTIONS,
+    TRANSCRIPTION_OPTIONS,
+    AlignmentOptions,
+    Option,
+    SubtitleOptions,
+    TranscriptionOptions,
+)
+
+if TYPE_CHECKING:
+    from vllm_whisper_align.align.results import Transcript
 
 # Before vLLM is imported, in this process and in the engine processes vLLM spawns from it, which
 # run the main module (the console script, or this one under -m) again first: see memory.
@@ -47,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     transcribe = commands.add_parser("transcribe", help="transcribe audio files (optionally with word times)")
     transcribe.add_argument("audio", nargs="+", help="audio files (wav, flac, mp3, ogg, m4a, ...)")
-    _add_common(transcribe)
+    _add_common(transcribe, ())
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     transcribe.add_argument("--word-timestamps", action="store_true", help="add word-level times")
     transcribe.add_argument("--prompt", default=None, help="text to condition the decoder on")
-    _add_fallback_options(transcribe)
+    _add_options(
+        transcribe.add_argument_group("decoding (openai-whisper's and vLLM's)"), TRANSCRIPTION_OPTIONS
+    )
 
     align = commands.add_parser("align", help="forced alignment of known text to audio")
     align.add_argument("audio", nargs="?", help="one audio file, any length")
@@ -65,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="SRT or WebVTT file of AUDIO to re-time: every cue "
         "keeps its number and text and gets new times (written in its format by default)",
     )
-    _add_common(align)
+    _add_common(align, ALIGNMENT_OPTIONS)
 
     batch = commands.add_parser(
         "batch", help="a corpus job on Ray: every item of a manifest to OUTPUT_DIR/<id>.json, resumable"
@@ -106,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     batch.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     batch.add_argument("--language", default=None, help="for items without one (default: detect)")
-    batch.add_argument("--alignment-method", choices=ALIGNMENT_METHODS, default=DEFAULT_ALIGNMENT_METHOD)
+    _add_options(batch, ALIGNMENT_OPTIONS)
     batch.add_argument("--verbose", action="store_true", help="Ray's and vLLM's logs and progress bars")
 
     serve = commands.add_parser("serve", help="start vLLM's OpenAI server with word timestamps")
@@ -118,69 +132,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_fallback_options(parser: argparse.ArgumentParser) -> None:
-    """openai-whisper's transcribe options, with its defaults ("none" turns a threshold off)."""
-    from vllm_whisper_align.runners import decoding
-
-    parser.add_argument(
-        "--temperature",
-        type=float,
-        default=0.0,
-        help="first temperature; a window that fails the thresholds is decoded again "
-        f"{decoding.TEMPERATURE_INCREMENT} higher, up to {decoding.MAX_TEMPERATURE}",
-    )
-    for name, default, meaning in (
-        (
-            "compression-ratio-threshold",
-            decoding.COMPRESSION_RATIO_THRESHOLD,
-            "gzip ratio above which text is too repetitive (fall back)",
-        ),
-        (
-            "logprob-threshold",
-            decoding.LOGPROB_THRESHOLD,
-            "average log-probability below which text is too improbable (fall back)",
-        ),
-        (
-            "no-speech-threshold",
-            decoding.NO_SPEECH_THRESHOLD,
-            "no-speech probability above which an improbable window is dropped as silence",
-        ),
-    ):
+def _add_options(parser: Any, options: Sequence[Option]) -> None:
+    """A flag per option (``--name-with-dashes``), parsed and checked by the option itself; unset
+    flags stay None, so that only what the user gave reaches the options' defaults."""
+    for option in options:
+        if option.kind is bool:
+            parser.add_argument(option.flag, action="store_true", default=None, help=option.help)
+            continue
+        default = "" if option.default is None else f" (default {option.default})"
         parser.add_argument(
-            f"--{name}", type=_optional_float, default=default, help=f"{meaning} (default {default})"
+            option.flag,
+            type=_parser_of(option),
+            default=None,
+            metavar=option.name.upper(),
+            help=option.help + default,
         )
-    parser.add_argument(
-        "--best-of",
-        type=int,
-        default=decoding.BEST_OF,
-        help="candidates sampled per window above temperature 0; the likeliest is kept "
-        f"(default {decoding.BEST_OF})",
-    )
 
 
-def _optional_float(text: str) -> float | None:
-    return None if text.strip().lower() == "none" else float(text)
+def _parser_of(option: Option):
+    def parse(raw: str) -> Any:
+        try:
+            return option.parse(raw)
+        except InputError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = option.name  # argparse names the type in its message
+    return parse
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _given(args: argparse.Namespace, options: Sequence[Option]) -> dict[str, Any]:
+    return {
+        option.name: getattr(args, option.name)
+        for option in options
+        if getattr(args, option.name) is not None
+    }
+
+
+def _add_common(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     parser.add_argument("--model", default=None, help="HF Whisper dir/id or CT2 dir (default: tiny.en)")
     parser.add_argument("--language", default=None, help="language code (default: detect)")
     parser.add_argument("--format", choices=RESPONSE_FORMATS, default=None, help=f"default {DEFAULT_FORMAT}")
-    parser.add_argument(
-        "--alignment-method",
-        choices=ALIGNMENT_METHODS,
-        default=DEFAULT_ALIGNMENT_METHOD,
-        help="how word times are read: auto picks this window's sharpest heads and refines starts to "
-        "onsets; fixed uses the model's tuned alignment heads, as openai-whisper; characters (align, "
-        "audio up to 30 s) forces the text one character per token (default %(default)s)",
-    )
-    lines = parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)")
-    lines.add_argument("--max-line-width", type=int, default=None, help="characters in a line")
-    lines.add_argument(
-        "--max-line-count", type=int, default=None, help="lines in a cue (with --max-line-width)"
-    )
-    lines.add_argument("--max-words-per-line", type=int, default=None, help="words in a line")
-    lines.add_argument("--highlight-words", action="store_true", help="a cue per word, the word underlined")
+    _add_options(parser, options)
+    _add_options(parser.add_argument_group("subtitle lines (srt, vtt; as openai-whisper's)"), LINE_OPTIONS)
     parser.add_argument("--output-dir", type=Path, default=None, help="write <stem>.<ext> files here")
     parser.add_argument("--verbose", action="store_true", help="vLLM's log and progress bars (on stderr)")
 
@@ -198,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs_engine = bool(argv) and argv[0] in ENGINE_COMMANDS
         with _logging_to_stderr("--verbose" in argv) if runs_engine else contextlib.nullcontext():
             return _run(parser, argv)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError) as error:  # InputError is a ValueError
         print(f"vllm-whisper-align: error: {_one_line(error)}", file=sys.stderr)
         return 2
 
@@ -331,12 +324,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 task=args.task,
                 word_timestamps=args.word_timestamps,
                 prompt=args.prompt,
-                temperature=args.temperature,
-                compression_ratio_threshold=args.compression_ratio_threshold,
-                logprob_threshold=args.logprob_threshold,
-                no_speech_threshold=args.no_speech_threshold,
-                best_of=args.best_of,
-                alignment_method=args.alignment_method,
+                options=TranscriptionOptions.from_checked(_given(args, TRANSCRIPTION_OPTIONS)),
                 use_tqdm=args.verbose and len(decoded) > 1,
             )
             for (path, _), result in zip(decoded, results, strict=True):
@@ -345,10 +333,10 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
-    from vllm_whisper_align.audio.decode import AudioError, decode_audio
-    from vllm_whisper_align.runners.decoding import AlignmentInputError
+    from vllm_whisper_align.audio.decode import decode_audio
 
     items = _alignment_items(args)
+    options = AlignmentOptions(**_given(args, ALIGNMENT_OPTIONS))
     aligner = None
     failures = 0
     with contextlib.ExitStack() as engine:
@@ -357,10 +345,8 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
                 # Any length: a long recording is aligned window by window, read back from a file.
                 samples = decode_audio(path, spill=True)
                 aligner = aligner or engine.enter_context(_aligner(args.model, engine_args))
-                result = aligner.align(
-                    [samples], [text], language=args.language, alignment_method=args.alignment_method
-                )[0]
-            except (AudioError, AlignmentInputError) as error:
+                result = aligner.align([samples], [text], language=args.language, options=options)[0]
+            except InputError as error:
                 print(f"vllm-whisper-align: {path}: {_one_line(error)}", file=sys.stderr)
                 failures += 1
                 continue
@@ -398,7 +384,8 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     items = read_manifest(args.manifest)
     require_ray()
-    options = JobOptions(str(args.output_dir.absolute()), args.language, args.alignment_method)
+    method = _given(args, ALIGNMENT_OPTIONS).get("alignment_method")
+    options = JobOptions(str(args.output_dir.absolute()), args.language, method)
     try:
         report = run_job(
             items,
@@ -425,11 +412,10 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     """``align AUDIO --subtitles FILE``: FILE's cues with new times from AUDIO (see ``retiming``)."""
-    from vllm_whisper_align.audio.decode import AudioError, decode_audio
+    from vllm_whisper_align.audio.decode import decode_audio
     from vllm_whisper_align.formats import retiming
     from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS
     from vllm_whisper_align.formats.subtitles import read_subtitles
-    from vllm_whisper_align.runners.decoding import AlignmentInputError
 
     if args.audio is None:
         raise ValueError("align --subtitles needs an AUDIO file")
@@ -446,10 +432,9 @@ def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     try:
         samples = decode_audio(args.audio, spill=True)
         with _aligner(args.model, engine_args) as aligner:
-            result = aligner.align(
-                [samples], [text], language=args.language, alignment_method=args.alignment_method
-            )[0]
-    except (AudioError, AlignmentInputError) as error:
+            options = AlignmentOptions(**_given(args, ALIGNMENT_OPTIONS))
+            result = aligner.align([samples], [text], language=args.language, options=options)[0]
+    except InputError as error:
         print(f"vllm-whisper-align: {args.audio}: {_one_line(error)}", file=sys.stderr)
         return 1
     _write(args.audio, retiming.render(retiming.retime(subtitles, result), result, fmt), fmt, args)
@@ -462,7 +447,7 @@ def _aligner(model: str | None, engine_args: dict[str, Any]):
     return WhisperAligner(model, **engine_args)
 
 
-def _emit(path: str, result: dict[str, Any], args: argparse.Namespace, granularity: str) -> None:
+def _emit(path: str, result: Transcript, args: argparse.Namespace, granularity: str) -> None:
     from vllm_whisper_align.formats.responses import write_result
 
     text = write_result(result, args.format, granularity, _subtitle_options(args))
@@ -482,12 +467,8 @@ def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
     print(f"wrote {target}", file=sys.stderr)
 
 
-def _subtitle_options(args: argparse.Namespace):
-    from vllm_whisper_align.formats.responses import SubtitleOptions
-
-    return SubtitleOptions(
-        args.max_line_width, args.max_line_count, args.max_words_per_line, args.highlight_words
-    )
+def _subtitle_options(args: argparse.Namespace) -> SubtitleOptions:
+    return SubtitleOptions(**_given(args, LINE_OPTIONS))
 
 
 def _convert(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 # Once the server has had no request for this long, its processes hand freed heap back to the OS
-# (after start-up 72 MiB in the API server and 27 in the engine core; benchmarks/TUNING.md) and an
+# (after start-up 72 MiB in the API server and 27 in the engine core; docs/tuning.md) and an
 # engine that has run no step for as long hands back its KV cache pages. Not while requests run:
 # the buffers freed then are reused by the next step.
 IDLE_BEFORE_RETURNING_MEMORY_S = 1.0

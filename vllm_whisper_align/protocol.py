@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from vllm_whisper_align.constants import MAX_DECODER_TOKENS, N_FRAMES
+from vllm_whisper_align.options import DEFAULT_ALIGNMENT_METHOD, method_named
 
 EXTRA_ARGS_KEY = "whisper_align"
 NO_SPEECH_EXTRA_ARGS_KEY = "whisper_align_no_speech"
@@ -33,15 +34,6 @@ NO_CAPTURE_MESSAGE = "this engine does not capture alignment heads (not a Whispe
 # in timing.py, which uses it, so that the engine's processes, which import this module, do not
 # import numba: timing's kernels run on the API side only.
 MEDFILT_WIDTH = 7
-
-# How word times are read from the captured heads: "auto" picks, per window, the heads whose
-# attention is sharpest (timing.select_heads) and refines starts to audio onsets; "fixed" is
-# openai-whisper's way, the model's tuned alignment heads (align.boundaries.snap_to_speech only);
-# "characters" (forced alignment of one window) teacher-forces the text one character per token and
-# reads the tuned heads, as Yeh et al. do (sharper on base's continuous speech; README).
-TRANSCRIPTION_METHODS = ("auto", "fixed")
-ALIGNMENT_METHODS = (*TRANSCRIPTION_METHODS, "characters")
-DEFAULT_ALIGNMENT_METHOD = "auto"
 
 
 def new_alignment_key() -> str:
@@ -107,7 +99,7 @@ class AlignmentParams:
             raise ValueError(f"need 0 <= sot_row < text_row < {MAX_DECODER_TOKENS}")
         if self.medfilt_width < 1 or self.medfilt_width % 2 == 0:
             raise ValueError("medfilt_width must be a positive odd number")
-        check_alignment_method(self.alignment_method)
+        method_named(self.alignment_method)
 
     def to_extra_args(self, extra_args: dict[str, Any] | None = None) -> dict[str, Any]:
         self.validate()
@@ -120,13 +112,6 @@ class AlignmentParams:
         if not extra_args or EXTRA_ARGS_KEY not in extra_args:
             return None
         return cls(**extra_args[EXTRA_ARGS_KEY])
-
-
-def check_alignment_method(value: str) -> str:
-    if value not in ALIGNMENT_METHODS:
-        choices = ", ".join(ALIGNMENT_METHODS)
-        raise ValueError(f"alignment_method must be one of {choices}; got {str(value)[:40]!r}")
-    return value
 
 
 @dataclass

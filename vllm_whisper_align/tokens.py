@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_whisper_align.constants import MAX_DECODER_TOKENS
+from vllm_whisper_align.errors import InputError
+
 # Whisper's English-only vocabularies have 51864 ids; multilingual ones 51865 (large-v3: 51866).
 # English-only vocabularies still list language tokens, but the model was never trained with them.
 ENGLISH_ONLY_VOCAB_SIZE = 51864
@@ -88,19 +91,22 @@ class WhisperTokens:
         )
 
     def check_language(self, language: str | None, task: str = "transcribe") -> None:
-        """A ValueError naming this model's languages when it cannot ``task`` ``language``."""
+        """An InputError naming this model's languages when it cannot ``task`` ``language`` (``param``:
+        "model" where the model cannot do the task at all, else "language")."""
         if self.is_english_only:
             if language not in (None, "en"):
-                raise ValueError(
-                    f"this English-only model transcribes English (language en) only; "
-                    f"got language {language[:20]!r}"
+                raise InputError(
+                    f"this English-only model transcribes English (language en) only; got language "
+                    f"{language[:20]!r}",
+                    "language",
                 )
             if task == "translate":
-                raise ValueError("this English-only model cannot translate")
+                raise InputError("this English-only model cannot translate", "model")
         elif language is not None and language not in self.language_ids:
-            raise ValueError(
+            raise InputError(
                 f"unsupported language {language[:20]!r}; this model's languages: "
-                f"{', '.join(sorted(self.language_ids))}"
+                f"{', '.join(sorted(self.language_ids))}",
+                "language",
             )
 
     def transcription_prompt(self, language: str | None, task: str = "transcribe") -> list[int]:
@@ -113,6 +119,10 @@ class WhisperTokens:
             raise ValueError("a multilingual model needs a language (detect it first)")
         task_id = self.translate if task == "translate" else self.transcribe
         return [self.sot, self.language_ids[language], task_id, self.no_timestamps]
+
+    def alignment_room(self, language: str | None) -> int:
+        """Text tokens that fit in a teacher-forced sequence (``alignment_prompt``) in the decoder."""
+        return MAX_DECODER_TOKENS - len(self.transcription_prompt(language)) - 1
 
     def alignment_prompt(self, language: str | None, text_tokens: list[int]) -> list[int]:
         """The reference's teacher-forced sequence: [sot…, no_timestamps, text…, eot]."""

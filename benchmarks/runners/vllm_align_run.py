@@ -32,7 +32,7 @@ WORD_KEYS = ("word", "start", "end", "probability", "aligned")
 
 
 def tasks(aligner) -> dict:
-    """Each task: (samples, text) -> one verbose_json body. Transcription ignores the text."""
+    """Each task: (samples, text) -> one transcript. Transcription ignores the text."""
     return {
         "align": lambda samples, text: aligner.align([samples], [text], language="en")[0],
         "transcribe": lambda samples, text: aligner.transcribe(
@@ -78,7 +78,7 @@ def main() -> None:
     for item in manifest["recordings"]:
         walls, bodies = timed_rounds(run_task, load_wav(item["path"]), item["text"], args.rounds)
         for task, body in bodies.items():
-            words = [{k: w.get(k) for k in WORD_KEYS if k in w} for w in body.get("words") or []]
+            words = [{k: w.get(k) for k in WORD_KEYS if k in w} for w in body.to_dict().get("words") or []]
             runs.append(
                 run_record(
                     system=SYSTEM,

@@ -72,7 +72,7 @@ def main() -> None:
         for mode in modes:
             wall, results = run(mode)
             walls[mode].append(wall)
-            last[mode] = results
+            last[mode] = [result.to_dict() for result in results]
             log(f"offline {args.dtype} timestamps={mode}: {audio_s / wall:.2f} audio s/wall s")
     sampler.stop()
     dtype = precision_label(

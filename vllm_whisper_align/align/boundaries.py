@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from vllm_whisper_align.align.words import PREPEND_PUNCTUATIONS, WordTiming, round_time
+from vllm_whisper_align.align.words import PREPEND_PUNCTUATIONS, Word, round_time
 from vllm_whisper_align.audio.features import SPEECH_FRAME_SECONDS, SpectralFlux, true_runs
 
 # refine_starts: how far (s) a start may move to an onset; how fast an onset's pull fades with its
 # distance from DTW's start (the standard deviation of a Gaussian weight, s); and how many 20 ms speech
 # frames must precede a start for it to count as inside continuous speech. Chosen on a continuous-speech
-# dev set (README, Word boundaries): the strongest onset within ±60 ms beat ±40 and ±100 ms; weighing
+# dev set (docs/boundaries.md): the strongest onset within ±60 ms beat ±40 and ±100 ms; weighing
 # onsets by distance within ±120 ms beat that, σ 150 ms once quiet starts read falls (σ 80 ms before).
 ONSET_SEARCH_S = 0.12
 ONSET_DISTANCE_S = 0.15
@@ -29,7 +29,7 @@ TAIL_MAX_S = 0.15
 
 
 def snap_to_speech(
-    words: list[WordTiming],
+    words: list[Word],
     speech: np.ndarray,
     offset: float,
     frame_seconds: float = SPEECH_FRAME_SECONDS,
@@ -79,7 +79,7 @@ def starts_quietly(word: str) -> bool:
 
 
 def refine_starts(
-    words: list[WordTiming],
+    words: list[Word],
     flux: SpectralFlux,
     speech: np.ndarray,
     offset: float,
@@ -122,7 +122,7 @@ def refine_starts(
 
 
 def extend_ends(
-    words: list[WordTiming],
+    words: list[Word],
     speech: np.ndarray,
     offset: float,
     frame_seconds: float = SPEECH_FRAME_SECONDS,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import string
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,21 +27,24 @@ UNSPACED_LANGUAGES = {"zh", "ja", "th", "lo", "my", "yue"}
 
 
 @dataclass
-class WordTiming:
-    word: str
-    tokens: list[int]
+class Word:
+    """A timed word (faster-whisper's shape; openai-whisper's ``Word`` in its word rules)."""
+
     start: float
     end: float
+    word: str
     probability: float
+    tokens: list[int] = field(default_factory=list)
+    # Forced alignment: False for given text that is not in the audio (longform), placed at a zero-length
+    # span where the aligned words around it leave off.
+    aligned: bool = True
 
-    def to_dict(self) -> dict:
-        """OpenAI's word object; times rounded to centiseconds as the reference's output is."""
-        return {
-            "word": self.word,
-            "start": round_time(self.start),
-            "end": round_time(self.end),
-            "probability": self.probability,
-        }
+    def to_dict(self, with_aligned: bool = False) -> dict[str, Any]:
+        """OpenAI's word object (and ``aligned``, for a forced alignment's words)."""
+        body = {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+        if with_aligned:
+            body["aligned"] = self.aligned
+        return body
 
 
 def round_time(seconds: float) -> float:
@@ -91,8 +95,8 @@ def split_tokens_on_spaces(
     unless it starts one.
     """
     subwords, subword_tokens_list = split_tokens_on_unicode(tokens, decode)
-    words = []
-    word_tokens = []
+    words: list[str] = []
+    word_tokens: list[list[int]] = []
 
     for subword, subword_tokens in zip(subwords, subword_tokens_list, strict=True):
         special = subword_tokens[0] >= eot
@@ -120,11 +124,11 @@ def split_to_word_tokens(
 def word_timings(
     text_tokens: Sequence[int],
     jump_times: np.ndarray,
-    token_probs: Sequence[float],
+    token_probs: Sequence[float] | np.ndarray,
     decode: Decode,
     eot: int,
     language: str | None,
-) -> list[WordTiming]:
+) -> list[Word]:
     """Words of ``text_tokens`` with the start/end of each and its mean token probability.
 
     The tail of the reference ``find_alignment`` (from ``split_to_word_tokens(text_tokens +
@@ -150,7 +154,7 @@ def word_timings(
 
     # zip stops at the shortest: the eot group has a word but no end time, so it is left out
     return [
-        WordTiming(word, tokens, float(start), float(end), float(probability))
+        Word(float(start), float(end), word, float(probability), tokens)
         for word, tokens, start, end, probability in zip(
             words, word_tokens, start_times, end_times, word_probabilities, strict=False
         )
@@ -161,7 +165,7 @@ def word_timings(
 
 
 def merge_punctuations(
-    alignment: list[WordTiming], prepended: str = PREPEND_PUNCTUATIONS, appended: str = APPEND_PUNCTUATIONS
+    alignment: list[Word], prepended: str = PREPEND_PUNCTUATIONS, appended: str = APPEND_PUNCTUATIONS
 ) -> None:
     """Glue opening punctuation to the next word and closing punctuation to the previous one.
 
@@ -202,7 +206,7 @@ def merge_punctuations(
     alignment[:] = [timing for timing in alignment if timing.word]
 
 
-def adjust_word_durations(alignment: list[WordTiming]) -> tuple[float, float]:
+def adjust_word_durations(alignment: list[Word]) -> tuple[float, float]:
     """Cap words at sentence boundaries; returns ``(median_duration, max_duration)``.
 
     The first block of the reference ``add_word_timestamps``, on the whole alignment before
@@ -229,14 +233,14 @@ def adjust_word_durations(alignment: list[WordTiming]) -> tuple[float, float]:
 
 
 def split_into_segments(
-    alignment: list[WordTiming], text_token_counts: Sequence[int], time_offset: float
-) -> list[list[WordTiming]]:
+    alignment: list[Word], text_token_counts: Sequence[int], time_offset: float
+) -> list[list[Word]]:
     """Hand the words back to the segments whose text tokens they came from.
 
     The reference ``add_word_timestamps`` loop: each segment takes words until it has its count
     of text tokens (a word merged across a boundary goes to the earlier segment), empty words
     are skipped, and times become absolute (``time_offset`` + time, rounded to centiseconds).
-    New ``WordTiming`` objects; ``alignment`` is left as it is.
+    New ``Word`` objects; ``alignment`` is left as it is.
     """
     segments = []
     word_index = 0
@@ -247,7 +251,7 @@ def split_into_segments(
             timing = alignment[word_index]
             if timing.word:
                 words.append(
-                    WordTiming(
+                    Word(
                         word=timing.word,
                         tokens=list(timing.tokens),
                         start=round_time(time_offset + timing.start),
@@ -262,7 +266,7 @@ def split_into_segments(
 
 
 def apply_segment_rules(
-    words: list[WordTiming],
+    words: list[Word],
     segment_start: float,
     segment_end: float,
     median_duration: float,
@@ -308,7 +312,7 @@ def apply_segment_rules(
 
 def add_word_timestamps(
     segments: list[dict],
-    alignment: list[WordTiming],
+    alignment: list[Word],
     *,
     eot: int,
     time_offset: float,
@@ -321,7 +325,7 @@ def add_word_timestamps(
     ``segments``: dicts with ``"tokens"`` (ids, timestamps and eot included), ``"start"`` and
     ``"end"`` (absolute seconds); ``alignment``: ``word_timings`` of all their text tokens (ids
     below ``eot``), in order; ``time_offset``: seconds of the window start (the reference's
-    ``seek * HOP_LENGTH / SAMPLE_RATE``). Sets each segment's ``"words"`` (``WordTiming`` list),
+    ``seek * HOP_LENGTH / SAMPLE_RATE``). Sets each segment's ``"words"`` (``Word`` list),
     updates its ``"start"``/``"end"`` and returns the new ``last_speech_timestamp``.
     Consumes ``alignment``.
     """

@@ -15,6 +15,7 @@ from typing import BinaryIO
 import numpy as np
 
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
+from vllm_whisper_align.errors import InputError
 
 # Highest sample rate real recordings use (DXD and studio rates stop at 768 kHz).
 MAX_SOURCE_RATE = 768_000
@@ -40,11 +41,10 @@ _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
 AudioSource = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO
 
 
-class AudioError(ValueError):
+class AudioError(InputError):
     """Input that cannot be turned into audio samples; the message is one line."""
 
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+    default_param = "file"
 
 
 class AudioTooLongError(AudioError):
@@ -99,7 +99,7 @@ class SpilledSamples:
         self._length = 0
 
     def append(self, piece: np.ndarray) -> None:
-        self._file.write(memoryview(np.ascontiguousarray(piece, dtype=np.float32)).cast("B"))
+        self._file.write(np.ascontiguousarray(piece, dtype=np.float32).tobytes())
         self._length += len(piece)
 
     def finish(self) -> SpilledSamples:
@@ -116,7 +116,7 @@ class SpilledSamples:
         if step != 1:
             raise ValueError("SpilledSamples are read by contiguous slices")
         samples = np.empty(max(0, stop - start), dtype=np.float32)
-        view, position = memoryview(samples).cast("B"), start * samples.itemsize
+        view, position = samples.data.cast("B"), start * samples.itemsize
         while len(view):
             count = os.preadv(self._file.fileno(), [view], position)
             if count <= 0:
@@ -321,6 +321,7 @@ def _decode_stream(container, stream, name: str, sample_rate: int, decoded: _Dec
                 input_shape = frame_shape
             # The fifo refuses a frame whose timestamp does not follow on, as after a skipped packet.
             frame.pts = None
+            assert fifo is not None and resampler is not None  # made with the first frame
             fifo.write(frame)
             if fifo.samples * frame.layout.nb_channels >= RESAMPLE_BLOCK_VALUES:
                 decoded.add(_frame_samples(resampled) for resampled in resampler.resample(fifo.read()))

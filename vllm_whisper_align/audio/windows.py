@@ -8,7 +8,7 @@ import numpy as np
 
 from vllm_whisper_align.audio.decode import SpilledSamples
 from vllm_whisper_align.audio.features import true_runs
-from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
+from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE, num_mel_frames
 
 # Cuts between chunks are searched for in this many seconds at the end of each window.
 CUT_SEARCH_SECONDS = 5.0
@@ -89,6 +89,11 @@ def chunk_audio(
         start = cut
     chunks.append(AudioChunk(samples, start, len(samples), sample_rate))
     return chunks
+
+
+def audible_windows(samples: np.ndarray | SpilledSamples) -> list[AudioChunk]:
+    """The windows of ``chunk_audio`` that hold a mel frame: the ones a model can hear anything in."""
+    return [chunk for chunk in chunk_audio(samples) if num_mel_frames(chunk.num_samples) > 0]
 
 
 def _quietest_point(region: np.ndarray, frame_length: int) -> int:

@@ -25,9 +25,13 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.options import DEFAULT_ALIGNMENT_METHOD, AlignmentOptions, TranscriptionOptions
+
+if TYPE_CHECKING:
+    from vllm_whisper_align.align.results import Transcript
 
 SUMMARY_NAME = "summary.jsonl"
 RESULT_SUFFIX = ".json"
@@ -239,24 +243,24 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
     if result_path(output_dir, item.id).exists():
         return {"id": item.id, "status": STATUS_SKIPPED, "error": None}
     language = item.language or options.language
-    method = {"alignment_method": options.alignment_method} if options.alignment_method else {}
+    method = options.alignment_method or DEFAULT_ALIGNMENT_METHOD
     request_id = f"batch-{item.id}-{uuid.uuid4().hex[:8]}"  # unique if Ray runs the batch again
     try:
         samples = await asyncio.to_thread(read_audio, item.audio)
         if item.text is not None:
             result = await service.align(
-                samples, request_id=request_id, text=item.text, token_ids=None, language=language, **method
+                samples,
+                request_id=request_id,
+                text=item.text,
+                language=language,
+                options=AlignmentOptions(method),
             )
         else:
             result = await service.transcribe(
                 samples,
                 request_id=request_id,
                 language=language,
-                task="transcribe",
-                word_timestamps=True,
-                prompt=None,
-                sampling={},
-                **method,
+                options=TranscriptionOptions(alignment_method=method),
             )
         await asyncio.to_thread(_write_result, output_dir, item, result)
     except Exception as error:  # any reader's or the engine's error: the item fails, the batch goes on
@@ -266,12 +270,12 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
         "status": STATUS_OK,
         "error": None,
         "audio_seconds": round(len(samples) / SAMPLE_RATE, 3),
-        "words": len(result.get("words") or []),
-        "language": result.get("language"),
+        "words": len(result.words or []),
+        "language": result.language,
     }
 
 
-def _write_result(output_dir: Path, item: Item, result: dict[str, Any]) -> None:
+def _write_result(output_dir: Path, item: Item, result: Transcript) -> None:
     from vllm_whisper_align.formats.responses import write_result
 
     write_atomically(result_path(output_dir, item.id), write_result(result, "verbose_json"))

@@ -144,12 +144,12 @@ class ServingEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from vllm_whisper_align.runners.offline import prepare_engine
-        from vllm_whisper_align.runners.service import AlignmentService, ServiceLimits
+        from vllm_whisper_align.runners.service import AlignmentService
 
         args = prepare_engine(model, **engine_args)
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         # No duration limit: a corpus holds whole recordings, and the offline API has none either.
-        service = await AlignmentService.create(engine, [args["model"]], ServiceLimits(max_audio_s=math.inf))
+        service = await AlignmentService.create(engine, max_audio_s=math.inf)
         return engine, service
 
     def close(self) -> None:

@@ -225,7 +225,7 @@ def engine_environment(given: Mapping[str, Any], environ: Mapping[str, str] = os
     vLLM binds the model's OpenMP threads to all cores but one, which it leaves to its scheduler and
     API processes. Those mostly wait on the model, so on a small machine the reserved core is lost:
     on 2 cores, binding both took offline throughput from 9.4 to 15.1 audio-s per wall-s
-    (benchmarks/TUNING.md). With data parallelism the cores are shared out (:func:`thread_binding`).
+    (docs/tuning.md). With data parallelism the cores are shared out (:func:`thread_binding`).
     Workers start with spawn: forking a process that holds CUDA or OpenMP state breaks them.
     """
     from vllm.platforms import current_platform

@@ -25,8 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_whisper_align.align.results import Transcript
+from vllm_whisper_align.formats.cues import Cue
 from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS
-from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleCue, SubtitleFile, write_subtitles
+from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleFile, write_subtitles
 
 # Formatting that is not spoken: HTML-like tags (SRT's <i>, VTT's <v Name>, <c.yellow>, <00:01.000>)
 # and the {\an8}-style override tags SRT files borrow from ASS.
@@ -50,7 +52,7 @@ def spoken_text(cue_text: str) -> str:
     return text if any(ch.isalnum() for ch in text) else ""
 
 
-def alignment_text(cues: Sequence[SubtitleCue]) -> str:
+def alignment_text(cues: Sequence[Cue]) -> str:
     """The text to force-align: every cue's spoken text, in order."""
     text = " ".join(filter(None, (spoken_text(cue.text) for cue in cues)))
     if not text:
@@ -61,18 +63,18 @@ def alignment_text(cues: Sequence[SubtitleCue]) -> str:
 # ---------------------------------------------------------------------------- re-timing
 
 
-def retime(subtitles: SubtitleFile, result: dict[str, Any]) -> Retimed:
+def retime(subtitles: SubtitleFile, result: Transcript) -> Retimed:
     """``subtitles`` with the times of ``result`` (the forced alignment of their ``alignment_text``)."""
     cues = subtitles.cues
-    words = result.get("words") or []
-    owners = word_owners([spoken_text(cue.text) for cue in cues], [word["word"] for word in words])
+    words = result.words or []
+    owners = word_owners([spoken_text(cue.text) for cue in cues], [word.word for word in words])
     spans: list[tuple[float, float] | None] = [None] * len(cues)
     for word, owner in zip(words, owners, strict=True):
-        if not word.get("aligned", True):
+        if not word.aligned:
             continue
         span = spans[owner]
-        spans[owner] = (word["start"], word["end"]) if span is None else (span[0], word["end"])
-    times = placed_times(cues, spans, result.get("duration"))
+        spans[owner] = (word.start, word.end) if span is None else (span[0], word.end)
+    times = placed_times(cues, spans, result.duration)
     return Retimed(subtitles.with_times(times), tuple(span is not None for span in spans))
 
 
@@ -102,7 +104,7 @@ def word_owners(cue_texts: Sequence[str], words: Sequence[str]) -> list[int]:
 
 
 def placed_times(
-    cues: Sequence[SubtitleCue], spans: Sequence[tuple[float, float] | None], duration: float | None
+    cues: Sequence[Cue], spans: Sequence[tuple[float, float] | None], duration: float | None
 ) -> list[tuple[float, float]]:
     """Each cue's span where it has one; the others placed between their neighbours (module doc)."""
     anchors = [i for i, span in enumerate(spans) if span is not None]
@@ -149,16 +151,16 @@ def _in_order(times: list[tuple[float, float]], duration: float | None) -> list[
 # ---------------------------------------------------------------------------- output
 
 
-def retimed_body(retimed: Retimed, result: dict[str, Any], verbose: bool) -> dict[str, Any]:
+def retimed_body(retimed: Retimed, result: Transcript, verbose: bool) -> dict[str, Any]:
     """json: the aligned text and the cues; verbose_json: the alignment's whole body and the cues."""
     cues = [
         {"index": cue.index, "start": cue.start, "end": cue.end, "text": cue.text, "aligned": aligned}
         for cue, aligned in zip(retimed.subtitles.cues, retimed.aligned, strict=True)
     ]
-    return {**result, "cues": cues} if verbose else {"text": result["text"], "cues": cues}
+    return {**result.to_dict(), "cues": cues} if verbose else {"text": result.text, "cues": cues}
 
 
-def render(retimed: Retimed, result: dict[str, Any], fmt: str) -> str:
+def render(retimed: Retimed, result: Transcript, fmt: str) -> str:
     """The re-timed file as srt or vtt, or its JSON body as json or verbose_json."""
     if fmt in SUBTITLE_FORMATS:
         return write_subtitles(retimed.subtitles, fmt)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from vllm_whisper_align.formats.responses import srt_timestamp, vtt_timestamp
+from vllm_whisper_align.formats.cues import Cue, srt_timestamp, vtt_timestamp
 
 SRT, VTT = "srt", "vtt"
 SUBTITLE_FORMATS = (SRT, VTT)
@@ -36,18 +36,9 @@ class SubtitleError(ValueError):
 
 
 @dataclass(frozen=True)
-class SubtitleCue:
-    index: str | None  # SRT's cue number or VTT's cue identifier, as written; None: VTT cue without one
-    start: float
-    end: float
-    text: str  # the cue's lines, joined by "\n"
-    settings: str = ""  # what follows the end time on the timing line, as written
-
-
-@dataclass(frozen=True)
 class SubtitleFile:
     format: str  # SRT or VTT
-    cues: tuple[SubtitleCue, ...]
+    cues: tuple[Cue, ...]
     header: tuple[str, ...] = ()  # VTT: the WEBVTT block, then STYLE and REGION blocks, as written
 
     def with_times(self, times: Sequence[tuple[float, float]]) -> SubtitleFile:
@@ -134,15 +125,13 @@ def _read_vtt(blocks: list[Block]) -> SubtitleFile:
     return SubtitleFile(VTT, tuple(cues), tuple(header))
 
 
-def _cue(index: str | None, timing: tuple[int, str], text: Block) -> SubtitleCue:
+def _cue(index: str | None, timing: tuple[int, str], text: Block) -> Cue:
     number, line = timing
     match = TIMING_LINE.match(line)
     if match is None:
         raise SubtitleError(f"line {number}: expected a timing line 'start --> end', got {_quote(line)}")
     start, end, settings = match.groups()
-    return SubtitleCue(
-        index, _seconds(start, number), _seconds(end, number), "\n".join(t for _, t in text), settings
-    )
+    return Cue(_seconds(start, number), _seconds(end, number), "\n".join(t for _, t in text), index, settings)
 
 
 def _seconds(stamp: str, number: int) -> float:
@@ -176,7 +165,7 @@ def write_subtitles(subtitles: SubtitleFile, fmt: str | None = None) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def _srt_block(position: int, cue: SubtitleCue, keep_settings: bool) -> str:
+def _srt_block(position: int, cue: Cue, keep_settings: bool) -> str:
     # SRT numbers its cues: a VTT identifier that is not a number gives way to the cue's position.
     number = cue.index if cue.index is not None and cue.index.isdigit() else str(position)
     settings = cue.settings if keep_settings else ""
@@ -184,7 +173,7 @@ def _srt_block(position: int, cue: SubtitleCue, keep_settings: bool) -> str:
     return "\n".join([number, timing, *_lines(cue.text)])
 
 
-def _vtt_block(cue: SubtitleCue, keep_settings: bool) -> str:
+def _vtt_block(cue: Cue, keep_settings: bool) -> str:
     settings = cue.settings if keep_settings else ""
     timing = f"{vtt_timestamp(cue.start)} --> {vtt_timestamp(cue.end)}{settings}"
     return "\n".join([*([cue.index] if cue.index is not None else []), timing, *_lines(cue.text)])

@@ -1,19 +1,17 @@
 """The per-window decoding policy: from audio (or audio and text) to engine requests, and back.
 
-Engine-agnostic: the offline API (``LLM.generate``) and the HTTP server (``AsyncLLM``) both plan
-their requests with :func:`plan_transcription` / :func:`plan_alignment`, run every window as its own
-engine request, and read what comes back with :func:`window_output`. Prompts, sampling options,
-output caps and suppressed tokens are decided here and nowhere else, and so is openai-whisper's
-per-window quality policy: the temperature fallback (:func:`fall_back`) and the rule that drops a
-window as silence (:func:`is_silent`). The runners only loop: submit every window, then re-submit
-the windows :func:`fall_back` replaced, until none is. Above temperature 0 a window runs as
-``best_of`` candidates (:meth:`WindowRequest.candidates`), of which :func:`keep_best` keeps one.
+Engine-agnostic: the offline API (``LLM.generate``) and the server (``engine_client``) run what
+:mod:`.driver` asks, and the driver plans its requests with :func:`plan_transcription` /
+:func:`plan_alignment` / :func:`plan_hearing`, runs every window as its own engine request, and reads
+what comes back with :func:`window_output`. Prompts, sampling options, output caps and suppressed
+tokens are decided here and nowhere else, and so is openai-whisper's per-window quality policy: the
+temperature fallback (:func:`fall_back`) and the rule that drops a window as silence
+(:func:`is_silent`). Above temperature 0 a window runs as ``best_of`` candidates
+(:meth:`WindowRequest.candidates`), of which :func:`keep_best` keeps one.
 """
 
 from __future__ import annotations
 
-import math
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,8 +19,9 @@ from typing import Any
 import numpy as np
 from vllm import SamplingParams
 
+from vllm_whisper_align.align.results import DecodedWindow, RequestInfo, WindowOutput
 from vllm_whisper_align.audio.decode import SpilledSamples
-from vllm_whisper_align.audio.windows import AudioChunk, chunk_audio
+from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
 from vllm_whisper_align.constants import (
     CHUNK_SECONDS,
     MAX_DECODER_TOKENS,
@@ -31,13 +30,16 @@ from vllm_whisper_align.constants import (
     SAMPLE_RATE,
     num_mel_frames,
 )
-from vllm_whisper_align.protocol import (
+from vllm_whisper_align.errors import AlignmentInputError, OptionError
+from vllm_whisper_align.options import (
     DEFAULT_ALIGNMENT_METHOD,
-    AlignmentParams,
-    AlignmentRequest,
-    NoSpeechParams,
-    new_alignment_key,
+    MAX_BEST_OF,
+    FallbackOptions,
+    TranscriptionOptions,
+    compression_ratio,
+    method_named,
 )
+from vllm_whisper_align.protocol import AlignmentParams, AlignmentRequest, NoSpeechParams, new_alignment_key
 from vllm_whisper_align.tokens import WhisperTokens
 
 # Output tokens allowed per second of audio (plus a constant). Fast English is ~5-6 tokens/s, CJK ~8;
@@ -51,71 +53,10 @@ MIN_ALIGNMENT_FRAMES = 2
 MIN_ALIGNMENT_SECONDS = MIN_ALIGNMENT_FRAMES * N_SAMPLES_PER_TOKEN / SAMPLE_RATE
 # Forced alignment teacher-forces the whole text against one window.
 MAX_ALIGNMENT_SECONDS = CHUNK_SECONDS
-
-
-# openai-whisper's transcribe defaults: the temperature schedule (its CLI's increment on fallback, up
-# to 1.0) and the thresholds that make a window fall back, or count as silence.
-TEMPERATURE_INCREMENT = 0.2
-MAX_TEMPERATURE = 1.0
-COMPRESSION_RATIO_THRESHOLD = 2.4
-LOGPROB_THRESHOLD = -1.0
-NO_SPEECH_THRESHOLD = 0.6
-# Candidates sampled per window at a temperature above 0, the likeliest kept. One by default, as
-# openai-whisper's transcribe() (its CLI and faster-whisper sample 5): on the benchmark clips, 5 took
-# the default server from 24.3 to 14.5 audio-s per wall-s (benchmarks/RESULTS.md); --best-of 5 is
-# the CLI's behaviour.
-BEST_OF = 1
-MAX_BEST_OF = 20
 # Seed of a window's first sampled candidate when the caller gives none (see _at_temperature).
 FALLBACK_SEED = 0
-
-
-class AlignmentInputError(ValueError):
-    """Text or token ids that cannot be aligned (too long, out of vocabulary, empty audio)."""
-
-
-def temperature_schedule(start: float = 0.0) -> tuple[float, ...]:
-    """The temperatures a window is tried at, as openai-whisper's CLI builds them from
-    ``--temperature``: ``start`` and steps of 0.2 up to 1.0 (only ``start`` above 1.0)."""
-    if not start <= MAX_TEMPERATURE:  # above 1.0, or not a number (FallbackOptions.validate says so)
-        return (start,)
-    count = int((MAX_TEMPERATURE - start) / TEMPERATURE_INCREMENT + 1e-6) + 1
-    return tuple(round(start + i * TEMPERATURE_INCREMENT, 6) for i in range(count))
-
-
-@dataclass(frozen=True)
-class FallbackOptions:
-    """openai-whisper's ``transcribe`` options for retrying and dropping windows (None turns a
-    threshold off, as there)."""
-
-    temperatures: tuple[float, ...] = temperature_schedule()
-    compression_ratio_threshold: float | None = COMPRESSION_RATIO_THRESHOLD
-    logprob_threshold: float | None = LOGPROB_THRESHOLD
-    no_speech_threshold: float | None = NO_SPEECH_THRESHOLD
-    # Candidates sampled at each temperature above 0; the likeliest is kept (see keep_best).
-    best_of: int = BEST_OF
-
-    @classmethod
-    def starting_at(cls, temperature: float = 0.0, **options: Any) -> FallbackOptions:
-        return cls(temperature_schedule(temperature), **options)
-
-    def validate(self) -> None:
-        """A ValueError naming the first option that makes no sense."""
-        if not self.temperatures or any(not 0 <= t < math.inf for t in self.temperatures):
-            raise ValueError(f"temperature must be a finite number >= 0; got {self.temperatures[:1]}")
-        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number; got {value}")
-        if self.no_speech_threshold is not None and not 0 <= self.no_speech_threshold <= 1:
-            raise ValueError(f"no_speech_threshold is a probability (0..1); got {self.no_speech_threshold}")
-        ratio = self.compression_ratio_threshold
-        if ratio is not None and ratio <= 0:
-            raise ValueError(f"compression_ratio_threshold must be > 0; got {ratio}")
-        if self.logprob_threshold is not None and self.logprob_threshold > 0:
-            raise ValueError(f"logprob_threshold is a log-probability (<= 0); got {self.logprob_threshold}")
-        if not isinstance(self.best_of, int) or not 1 <= self.best_of <= MAX_BEST_OF:
-            raise ValueError(f"best_of must be an integer from 1 to {MAX_BEST_OF}; got {self.best_of}")
+# What long-form alignment hears in a window is read at temperature 0 alone (plan_hearing).
+GREEDY_ONLY = FallbackOptions(temperatures=(0.0,))
 
 
 def suppressed_tokens(model_config) -> list[int]:
@@ -178,34 +119,12 @@ class WindowRequest:
 
 
 @dataclass
-class WindowOutput:
-    """What the engine returned for a WindowRequest: its text tokens and their log-probabilities,
-    and openai-whisper's per-window figures (its ``DecodingResult``)."""
-
-    token_ids: list[int]
-    token_logprobs: list[float]
-    avg_logprob: float = 0.0
-    compression_ratio: float = 0.0
-    no_speech_prob: float = 0.0
-    temperature: float = 0.0
-    # Teacher-forced windows: each forced token's rank among the model's choices there (1: the token
-    # the model would have picked itself; vLLM reports it with every prompt log-probability).
-    token_ranks: list[int] | None = None
-
-
-@dataclass
 class Plan:
     """All window requests of one input (one audio file)."""
 
     windows: list[WindowRequest]
-    duration: float
-    language: str
-    task: str = "transcribe"
-    word_timestamps: bool = True
+    info: RequestInfo
     fallback: FallbackOptions = field(default_factory=FallbackOptions)
-    # The body carries ``token_ranks`` (WindowOutput.token_ranks, forced windows): long-form
-    # alignment checks its windows' text with them (``longform.unheard_windows``).
-    report_ranks: bool = False
     # Per window still falling back: its most likely attempt so far, kept in case every temperature
     # fails the test (see fall_back).
     failed_attempts: dict[int, tuple[WindowRequest, WindowOutput]] = field(default_factory=dict)
@@ -214,6 +133,14 @@ class Plan:
         """Every key under which the workers may keep something for this plan."""
         attempts = [*self.windows, *(window for window, _ in self.failed_attempts.values())]
         return [key for window in attempts for key in window.capture_keys()]
+
+    def decoded(self, outputs: Sequence[WindowOutput]) -> list[DecodedWindow]:
+        """The windows kept (not dropped as silence), as the alignment reads them."""
+        return [
+            DecodedWindow(window.audio, output, window.alignment, window.forced_tokens is not None)
+            for window, output in zip(self.windows, outputs, strict=True)
+            if not is_silent(output, self.fallback)
+        ]
 
 
 # ---------------------------------------------------------------------------- language detection
@@ -317,53 +244,96 @@ def plan_transcription(
     task: str = "transcribe",
     word_timestamps: bool = True,
     prompt: str | None = None,
-    sampling: dict[str, Any] | None = None,
+    options: TranscriptionOptions | None = None,
     suppress_tokens: Sequence[int] = (),
-    fallback: FallbackOptions | None = None,
-    alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
 ) -> Plan:
-    """One request per ≤30 s window; ``sampling`` adds SamplingParams fields (top_p, seed…); the
-    temperature is ``fallback``'s first (default: openai-whisper's transcribe options);
-    ``alignment_method`` says how word times are read (``protocol.ALIGNMENT_METHODS``)."""
-    if alignment_method == "characters":
-        raise ValueError(
-            "alignment_method characters is for forced alignment; transcription reads auto or fixed"
+    """One request per ≤30 s window, decoded as ``options`` say (default: openai-whisper's transcribe
+    options; the temperature is the fallback schedule's first)."""
+    options = options or TranscriptionOptions()
+    if not options.method.transcribes:
+        raise OptionError(
+            f"alignment_method {options.alignment_method} is for forced alignment; transcription reads "
+            "auto or fixed",
+            "alignment_method",
         )
-    fallback = fallback or FallbackOptions()
-    fallback.validate()
     previous = previous_text_tokens(prompt, tokens)
     start = tokens.transcription_prompt(language, task)
-    decoder_prompt = [*previous, *start]
-    windows = []
-    for chunk in chunk_audio(samples):
-        if num_mel_frames(chunk.num_samples) == 0:  # nothing to hear
-            continue
-        alignment = None
-        # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
-        if word_timestamps and can_align(chunk.num_samples):
-            alignment = AlignmentParams.for_prompt(
-                num_mel_frames(chunk.num_samples),
-                len(previous),
-                len(start),
-                alignment_method=alignment_method,
-            )
-        no_speech = None
-        if tokens.no_speech is not None:
-            no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
-        cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt))
-        window = WindowRequest(
-            chunk,
-            decoder_prompt,
-            None,
-            alignment,
-            max_text_tokens=cap,
-            no_speech=no_speech,
-            sampling_options=dict(sampling or {}),
-            suppress_tokens=tuple(suppress_tokens),
+    fallback = options.fallback
+    windows = [
+        _at_temperature(
+            _transcription_window(
+                chunk,
+                tokens,
+                previous,
+                start,
+                word_timestamps,
+                options.alignment_method,
+                options.sampling,
+                suppress_tokens,
+            ),
+            0,
+            fallback.temperatures[0],
+            fallback.best_of,
         )
-        windows.append(_at_temperature(window, 0, fallback.temperatures[0], fallback.best_of))
+        for chunk in audible_windows(samples)
+    ]
     language = "en" if tokens.is_english_only else language
-    return Plan(windows, len(samples) / SAMPLE_RATE, language or "en", task, word_timestamps, fallback)
+    info = RequestInfo(task, language or "en", len(samples) / SAMPLE_RATE, word_timestamps)
+    return Plan(windows, info, fallback)
+
+
+def plan_hearing(
+    audio: AudioChunk,
+    tokens: WhisperTokens,
+    language: str,
+    suppress_tokens: Sequence[int],
+    max_tokens: int | None = None,
+) -> Plan:
+    """What the model hears in one window of a longer input: greedy, without word timings, its first
+    ``max_tokens`` tokens (None: all). A window that fails openai-whisper's thresholds is not sampled
+    again at higher temperatures: its greedy words still locate the text (long-form matching tolerates
+    misheard words), and each retry would decode the window again."""
+    start = tokens.transcription_prompt(language)
+    sampling = {"max_tokens": max_tokens} if max_tokens else {}
+    window = _transcription_window(
+        audio, tokens, [], start, False, DEFAULT_ALIGNMENT_METHOD, sampling, suppress_tokens
+    )
+    language = "en" if tokens.is_english_only else language
+    info = RequestInfo("transcribe", language, audio.duration, word_timestamps=False)
+    return Plan([_at_temperature(window, 0, 0.0, 1)], info, GREEDY_ONLY)
+
+
+def _transcription_window(
+    chunk: AudioChunk,
+    tokens: WhisperTokens,
+    previous: list[int],
+    start: list[int],
+    word_timestamps: bool,
+    method: str,
+    sampling: dict[str, Any],
+    suppress_tokens: Sequence[int],
+) -> WindowRequest:
+    """One window's request before its temperature is chosen (see _at_temperature)."""
+    alignment = None
+    # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
+    if word_timestamps and can_align(chunk.num_samples):
+        alignment = AlignmentParams.for_prompt(
+            num_mel_frames(chunk.num_samples), len(previous), len(start), alignment_method=method
+        )
+    no_speech = None
+    if tokens.no_speech is not None:
+        no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
+    decoder_prompt = [*previous, *start]
+    return WindowRequest(
+        chunk,
+        decoder_prompt,
+        None,
+        alignment,
+        max_text_tokens=text_token_cap(sampling, chunk.num_samples, len(decoder_prompt)),
+        no_speech=no_speech,
+        sampling_options=dict(sampling),
+        suppress_tokens=tuple(suppress_tokens),
+    )
 
 
 def _at_temperature(window: WindowRequest, attempt: int, temperature: float, best_of: int) -> WindowRequest:
@@ -445,12 +415,6 @@ def keep_best(
     if position != len(outputs):
         raise ValueError(f"{len(outputs)} outputs for {position} candidates")
     return kept_windows, kept_outputs, dropped
-
-
-def compression_ratio(text: str) -> float:
-    """openai-whisper's gzip compression ratio of a text (repetitive text compresses well)."""
-    text_bytes = text.encode("utf-8")
-    return len(text_bytes) / max(1, len(zlib.compress(text_bytes)))
 
 
 def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
@@ -542,10 +506,12 @@ def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: Wh
         ids = [int(t) for t in token_ids]
         bad = [t for t in ids if not tokens.is_text_token(t)]
         if bad:
-            raise AlignmentInputError(f"token ids must be text tokens in 0..{tokens.eot - 1}; got {bad[:5]}")
+            raise AlignmentInputError(
+                f"token ids must be text tokens in 0..{tokens.eot - 1}; got {bad[:5]}", "tokens"
+            )
         return ids
     if text is None or not text.strip():
-        raise AlignmentInputError("give the text to align (text or tokens)")
+        raise AlignmentInputError("give the text to align (text or tokens)", "text")
     # A leading space: Whisper's text always starts with a space-prefixed token.
     return tokens.encode(" " + text.strip())
 
@@ -558,9 +524,11 @@ def plan_alignment(
     token_ids: Sequence[int] | None = None,
     language: str | None = None,
     alignment_method: str = DEFAULT_ALIGNMENT_METHOD,
+    report_ranks: bool = False,
 ) -> Plan:
     """Teacher-forced alignment of given text: one engine step over [sot…, no_timestamps, text, eot].
     ``samples``: the audio, or a window of a longer input (times are then the input's)."""
+    method = method_named(alignment_method)
     language = "en" if tokens.is_english_only and language is None else (language or "en")
     audio = AudioChunk.whole(samples)
     duration = audio.duration
@@ -574,24 +542,26 @@ def plan_alignment(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
     text_tokens = text_to_tokens(text, token_ids, tokens)
-    if alignment_method == "characters":
+    if method.forces_characters:
         text_tokens = tokens.encode_characters(tokens.decode(text_tokens))
-    start = tokens.transcription_prompt(language)
-    prompt = [*start, *text_tokens, tokens.eot]
-    if len(prompt) > MAX_DECODER_TOKENS:
-        unit = "characters" if alignment_method == "characters" else "tokens"
+    room = tokens.alignment_room(language)
+    if len(text_tokens) > room:
+        unit = "characters" if method.forces_characters else "tokens"
         raise AlignmentInputError(
-            f"text is {len(text_tokens)} {unit}; at most {MAX_DECODER_TOKENS - len(start) - 1} "
-            f"fit in Whisper's {MAX_DECODER_TOKENS}-token decoder context"
+            f"text is {len(text_tokens)} {unit}; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
+            "decoder context"
         )
+    start = tokens.transcription_prompt(language)
     alignment = AlignmentParams.for_prompt(
-        num_mel_frames(audio.num_samples), 0, len(start), alignment_method=alignment_method
+        num_mel_frames(audio.num_samples), 0, len(start), alignment_method=method.name
     )
     sampling = SamplingParams(
         temperature=0.0, max_tokens=1, prompt_logprobs=0, extra_args=alignment.to_extra_args()
     )
-    window = WindowRequest(audio, prompt, sampling, alignment, forced_tokens=text_tokens)
-    return Plan([window], duration, language, "align", True)
+    window = WindowRequest(
+        audio, [*start, *text_tokens, tokens.eot], sampling, alignment, forced_tokens=text_tokens
+    )
+    return Plan([window], RequestInfo("align", language, duration, True, report_ranks))
 
 
 # ---------------------------------------------------------------------------- engine outputs

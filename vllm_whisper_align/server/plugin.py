@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 from argparse import Namespace
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.datastructures import State
 
 from vllm_whisper_align.log import get_logger
+from vllm_whisper_align.options import echo
+from vllm_whisper_align.server.limits import ServerLimits
+
+if TYPE_CHECKING:
+    from vllm_whisper_align.runners.service import AlignmentService
 
 logger = get_logger(__name__)
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the engine's runner, the names the model is served under, the limits."""
+
+    service: AlignmentService
+    served_model_names: list[str]
+    limits: ServerLimits
+
+    def check_model(self, model: str | None) -> None:
+        from vllm_whisper_align.server.errors import RequestError
+
+        if model and model not in self.served_model_names:
+            raise RequestError(
+                f"The model {echo(model)} does not exist; this server serves "
+                + ", ".join(f"`{name}`" for name in self.served_model_names),
+                "model",
+            )
 
 
 class WhisperAlignEndpoints:
@@ -24,13 +50,13 @@ class WhisperAlignEndpoints:
         app.include_router(router)
 
     async def init_state(self, engine_client, state: State, args: Namespace) -> None:
-        from vllm_whisper_align.runners.service import AlignmentService, ServiceLimits
+        from vllm_whisper_align.runners.service import AlignmentService
 
         if engine_client is None:
             logger.warning("whisper-align: no engine (render-only server); routes will answer 503")
             state.whisper_align = None
             return
         names = getattr(args, "served_model_name", None) or [args.model]
-        state.whisper_align = await AlignmentService.create(
-            engine_client, served_model_names=list(names), limits=ServiceLimits.from_env()
-        )
+        limits = ServerLimits.from_env()
+        service = await AlignmentService.create(engine_client, max_audio_s=limits.max_audio_s)
+        state.whisper_align = ServerState(service, list(names), limits)

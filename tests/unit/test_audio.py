@@ -12,9 +12,9 @@ import pytest
 import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from silence import state_total_samples, write_silent_flac
-from speech import long_clip, sentence_clips, write_wav
 
+from tests.support.silence import state_total_samples, write_silent_flac
+from tests.support.speech import long_clip, sentence_clips, write_wav
 from vllm_whisper_align.audio.decode import (
     SPILL_AFTER_WINDOWS,
     AudioError,

@@ -16,7 +16,7 @@ from whisper.model import ModelDimensions, Whisper
 from whisper.tokenizer import get_tokenizer
 
 from vllm_whisper_align.align import timing, words
-from vllm_whisper_align.align.words import WordTiming
+from vllm_whisper_align.align.words import Word
 
 # per test, not a global profile: other test modules keep their own hypothesis settings
 examples = settings(deadline=None, max_examples=60)
@@ -136,11 +136,11 @@ def test_word_timings_by_hand(hf_decode):
     token_probs = [0.9, 0.5, 0.8, 0.7, 0.6]
     result = words.word_timings(text_tokens, jump_times, token_probs, hf_decode, EOT, "en")
     assert result == [
-        WordTiming(" Hello", text_tokens[0:1], 0.0, 0.5, 0.9),
-        WordTiming(",", text_tokens[1:2], 0.5, 0.56, 0.5),
-        WordTiming(" wonderful", text_tokens[2:3], 0.56, 1.2, 0.8),
-        WordTiming(" world", text_tokens[3:4], 1.2, 1.64, 0.7),
-        WordTiming(".", text_tokens[4:5], 1.64, 1.7, 0.6),
+        Word(0.0, 0.5, " Hello", 0.9, text_tokens[0:1]),
+        Word(0.5, 0.56, ",", 0.5, text_tokens[1:2]),
+        Word(0.56, 1.2, " wonderful", 0.8, text_tokens[2:3]),
+        Word(1.2, 1.64, " world", 0.7, text_tokens[3:4]),
+        Word(1.64, 1.7, ".", 0.6, text_tokens[4:5]),
     ]
     assert all(type(w.start) is float and type(w.probability) is float for w in result)
 
@@ -163,15 +163,10 @@ def test_word_timings_without_text_is_empty(hf_decode):
     assert words.word_timings([], np.array([0.0]), [], hf_decode, EOT, None) == []
 
 
-def test_to_dict_rounds_like_reference():
-    word = WordTiming(" hi", [1], 1.005, 2.675, 0.123456)
+def test_times_round_like_the_reference():
     # numpy's round (scale by 100, round half even), as the reference applies to np.float64
-    assert word.to_dict() == {
-        "word": " hi",
-        "start": round(np.float64(1.005), 2),
-        "end": round(np.float64(2.675), 2),
-        "probability": 0.123456,
-    }
+    assert words.round_time(1.005) == round(np.float64(1.005), 2)
+    assert words.round_time(2.675) == round(np.float64(2.675), 2)
 
 
 # ---------------------------------------------------------------------------- punctuation
@@ -201,7 +196,7 @@ MERGE_CASES = [
 
 @pytest.mark.parametrize("texts, expected", MERGE_CASES)
 def test_merge_punctuations(texts, expected):
-    alignment = [WordTiming(t, [i], i, i + 1, 0.5) for i, t in enumerate(texts)]
+    alignment = [Word(i, i + 1, t, 0.5, [i]) for i, t in enumerate(texts)]
     words.merge_punctuations(alignment)
     actual = [(w.word, w.tokens, w.start, w.end) for w in alignment]
     assert actual == expected
@@ -243,7 +238,7 @@ PIECES = [
 @examples
 @given(st.lists(st.sampled_from(PIECES), max_size=12))
 def test_merge_punctuations_matches_reference(texts):
-    alignment = [WordTiming(t, [i], i, i + 1, 0.5) for i, t in enumerate(texts)]
+    alignment = [Word(i, i + 1, t, 0.5, [i]) for i, t in enumerate(texts)]
     words.merge_punctuations(alignment)
     assert [(w.word, w.tokens, w.start, w.end) for w in alignment] == reference_merge(texts)
 
@@ -253,12 +248,12 @@ def test_merge_punctuations_matches_reference(texts):
 
 def test_adjust_word_durations_by_hand():
     alignment = [
-        WordTiming(" One", [1], 0.0, 0.2, 1.0),
-        WordTiming(" two", [2], 0.2, 0.6, 1.0),
-        WordTiming(".", [3], 0.6, 2.6, 1.0),  # sentence end, 2 s long: cut at its end
-        WordTiming(" Three", [4], 2.6, 5.0, 1.0),  # after a sentence end, long: cut at its start
-        WordTiming(" four", [5], 5.0, 5.0, 1.0),  # zero length: left out of the median
-        WordTiming(" five", [6], 5.0, 8.0, 1.0),  # long but mid-sentence: untouched
+        Word(0.0, 0.2, " One", 1.0, [1]),
+        Word(0.2, 0.6, " two", 1.0, [2]),
+        Word(0.6, 2.6, ".", 1.0, [3]),  # sentence end, 2 s long: cut at its end
+        Word(2.6, 5.0, " Three", 1.0, [4]),  # after a sentence end, long: cut at its start
+        Word(5.0, 5.0, " four", 1.0, [5]),  # zero length: left out of the median
+        Word(5.0, 8.0, " five", 1.0, [6]),  # long but mid-sentence: untouched
     ]
     median_duration, max_duration = words.adjust_word_durations(alignment)
     assert median_duration == pytest.approx(0.7)  # median(0.2, 0.4, 2, 2.4, 3) = 2 -> capped
@@ -269,25 +264,25 @@ def test_adjust_word_durations_by_hand():
 
 
 def test_adjust_word_durations_all_zero():
-    alignment = [WordTiming(" a", [1], 1.0, 1.0, 1.0), WordTiming(".", [2], 1.0, 1.0, 1.0)]
+    alignment = [Word(1.0, 1.0, " a", 1.0, [1]), Word(1.0, 1.0, ".", 1.0, [2])]
     assert words.adjust_word_durations(alignment) == (0.0, 0.0)
     assert words.adjust_word_durations([]) == (0.0, 0.0)
 
 
 def test_apply_segment_rules_by_hand():
     # a first word after a long pause, much longer than 2 × median: cut to max_duration
-    first = [WordTiming(" So", [1], 10.0, 13.0, 1.0), WordTiming(" yes", [2], 13.0, 13.2, 1.0)]
+    first = [Word(10.0, 13.0, " So", 1.0, [1]), Word(13.0, 13.2, " yes", 1.0, [2])]
     result = words.apply_segment_rules(first, 12.5, 13.2, 0.3, 0.6, 0.0)
     assert (first[0].start, first[0].end) == (pytest.approx(12.4), 13.0)
     assert result == (pytest.approx(12.4), 13.2, 13.2)  # the segment then starts with the word
 
     # the segment starts over 0.5 s after a first word that ends later: the word starts there
-    late = [WordTiming(" hmm", [1], 2.0, 3.0, 1.0)]
+    late = [Word(2.0, 3.0, " hmm", 1.0, [1])]
     assert words.apply_segment_rules(late, 2.8, 3.0, 0.3, 0.6, 2.5) == (2.8, 3.0, 3.0)
     assert (late[0].start, late[0].end) == (pytest.approx(2.7), 3.0)
 
     # the segment ends over 0.5 s before a last word that starts earlier: the word ends there
-    long_last = [WordTiming(" okay", [1], 5.0, 7.0, 1.0)]
+    long_last = [Word(5.0, 7.0, " okay", 1.0, [1])]
     assert words.apply_segment_rules(long_last, 5.0, 5.2, 0.3, 0.6, 6.9) == (5.0, 5.2, 5.2)
     assert long_last[0].end == pytest.approx(5.3)  # max(start + median, segment end)
 
@@ -370,7 +365,10 @@ def test_add_word_timestamps_matches_reference(transcript):
             last_speech_timestamp=last_speech,
         )
 
-    ours = [WordTiming(*word) for word in copy.deepcopy(alignment)]
+    ours = [
+        Word(start, end, text, probability, tokens)
+        for text, tokens, start, end, probability in copy.deepcopy(alignment)
+    ]
     words.add_word_timestamps(
         segments,
         ours,

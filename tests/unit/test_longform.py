@@ -5,9 +5,34 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_whisper_align import longform
-from vllm_whisper_align.longform import TextWord, normalise
-from vllm_whisper_align.runners.decoding import AlignmentInputError
+from vllm_whisper_align.align.results import TokenTiming, Transcript
+from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
+from vllm_whisper_align.errors import AlignmentInputError
+from vllm_whisper_align.longform import steps as longform_steps
+from vllm_whisper_align.longform.check import MAX_WORD_SECONDS, realign_regions, unheard_windows
+from vllm_whisper_align.longform.join import Reading, finish
+from vllm_whisper_align.longform.matching import SKIP_MIN_WORDS
+from vllm_whisper_align.longform.prefixes import place_prefixes
+from vllm_whisper_align.longform.split import (
+    ZONE_MARGIN_WORDS,
+    ZONE_MAX_WORDS,
+    Split,
+    choose_cuts,
+    owners,
+    prefix_split,
+    split_text,
+)
+from vllm_whisper_align.longform.steps import (
+    Hear,
+    advance,
+    alignment_steps,
+    force_jobs,
+    in_window_order,
+    second_pass_order,
+    split_and_force,
+)
+from vllm_whisper_align.longform.words import TextWord, normalise, text_words
 
 SAMPLE_RATE = 16000
 
@@ -28,14 +53,14 @@ def numbered(prefix: str, count: int) -> str:
     return " ".join(f"{prefix}{i}" for i in range(count))
 
 
-def owners_by_estimate(split: longform.Split) -> np.ndarray:
-    return longform.owners(split, split.estimates)
+def owners_by_estimate(split: Split) -> np.ndarray:
+    return owners(split, split.estimates)
 
 
 def test_words_match_their_heard_windows():
     text = f"{numbered('a', 20)} {numbered('b', 20)} {numbered('c', 20)}"
     heard = heard_of(numbered("a", 20), numbered("b", 20), numbered("c", 20))
-    split = longform.split_text(words_of(text), heard)
+    split = split_text(words_of(text), heard)
     assert split.aligned.all()
     np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1, 2], 20))
     # Every word is forced in the window that holds it.
@@ -59,7 +84,7 @@ def test_repeated_text_keeps_each_repetition_in_its_window():
     for start in range(0, len(text), per_window):
         window = [w for w in text[start : start + per_window] if rng.random() > 0.15]  # 15% not heard
         heard.append([normalise(w if rng.random() > 0.1 else "uh") for w in window])
-    split = longform.split_text(words_of(" ".join(text)), heard)
+    split = split_text(words_of(" ".join(text)), heard)
     assert split.aligned.all()
     owner = owners_by_estimate(split)
     assert (owner == np.arange(len(text)) // per_window).mean() > 0.97
@@ -67,7 +92,7 @@ def test_repeated_text_keeps_each_repetition_in_its_window():
 
 def test_case_and_punctuation_do_not_matter():
     given = words_of("Hello, World! THE end.")
-    split = longform.split_text(given, heard_of("hello world", "the end"))
+    split = split_text(given, heard_of("hello world", "the end"))
     np.testing.assert_array_equal(owners_by_estimate(split), [0, 0, 1, 1])
 
 
@@ -76,11 +101,11 @@ def test_misheard_words_follow_their_neighbours_by_proportion():
     given = numbered("a", 30) + " " + numbered("b", 30)
     heard_a = numbered("a", 26) + " x1 x2 x3 x4"  # the last four words of window 0 misheard
     heard_b = "y1 y2 y3 " + " ".join(f"b{i}" for i in range(3, 30))  # the first three of window 1
-    split = longform.split_text(words_of(given), heard_of(heard_a, heard_b))
+    split = split_text(words_of(given), heard_of(heard_a, heard_b))
     assert split.aligned.all()
     np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1], 30))
     lo, hi = split.zones[0]
-    assert lo <= 30 <= hi and hi - lo <= 2 * (longform.ZONE_MARGIN_WORDS + 1), split.zones
+    assert lo <= 30 <= hi and hi - lo <= 2 * (ZONE_MARGIN_WORDS + 1), split.zones
 
 
 def test_skipped_paragraph_is_aligned_nowhere():
@@ -91,7 +116,7 @@ def test_skipped_paragraph_is_aligned_nowhere():
         numbered("a", 25)[len(numbered("a", 20)) :] + " " + numbered("b", 10),
         " ".join(f"b{i}" for i in range(10, 25)),
     )
-    split = longform.split_text(given, heard)
+    split = split_text(given, heard)
     np.testing.assert_array_equal(split.aligned, np.r_[np.ones(25), np.zeros(30), np.ones(25)].astype(bool))
     forced = {int(i) for w in range(3) for i in split.share(w)}
     assert forced.isdisjoint(range(25, 55))
@@ -101,21 +126,21 @@ def test_skipped_paragraph_is_aligned_nowhere():
 def test_a_lone_common_word_does_not_split_a_skipped_paragraph():
     given = words_of(f"{numbered('a', 15)} {numbered('s', 10)} the {numbered('s', 10)} {numbered('b', 15)}")
     heard = heard_of(numbered("a", 15) + " the " + numbered("b", 15))
-    split = longform.split_text(given, heard + [[]])
+    split = split_text(given, heard + [[]])
     assert not split.aligned[15:36].any() and split.aligned[:15].all() and split.aligned[36:].all()
 
 
 def test_short_unheard_runs_are_still_forced():
     """A few words the model did not hear are misheard speech, not missing text: they are aligned."""
-    given = words_of(f"{numbered('a', 20)} {numbered('m', longform.SKIP_MIN_WORDS - 1)} {numbered('b', 20)}")
-    split = longform.split_text(given, heard_of(numbered("a", 20), numbered("b", 20)))
+    given = words_of(f"{numbered('a', 20)} {numbered('m', SKIP_MIN_WORDS - 1)} {numbered('b', 20)}")
+    split = split_text(given, heard_of(numbered("a", 20), numbered("b", 20)))
     assert split.aligned.all()
 
 
 def test_extra_audio_words_take_no_given_words():
     given = words_of(f"{numbered('a', 20)} {numbered('b', 20)}")
     heard = heard_of(numbered("a", 20) + " applause cheering thank you all", numbered("b", 20))
-    split = longform.split_text(given, heard)
+    split = split_text(given, heard)
     assert split.aligned.all()
     np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 1], 20))
 
@@ -124,17 +149,17 @@ def test_a_window_with_nothing_heard():
     """Silence in the middle window: its neighbours keep their words; words at a boundary with no
     heard words around it are forced on both sides."""
     given = words_of(f"{numbered('a', 20)} {numbered('b', 20)}")
-    split = longform.split_text(given, heard_of(numbered("a", 20), "", numbered("b", 20)))
+    split = split_text(given, heard_of(numbered("a", 20), "", numbered("b", 20)))
     np.testing.assert_array_equal(owners_by_estimate(split), np.repeat([0, 2], 20))
     assert len(split.share(1)) == 0
 
 
 def test_nothing_heard_at_all():
     given = words_of("one two three")
-    split = longform.split_text(given, heard_of("", ""))
+    split = split_text(given, heard_of("", ""))
     assert split.aligned.all()  # too short to call missing: forced in both windows, cut by likelihood
     assert list(split.share(0)) == list(split.share(1)) == [0, 1, 2]
-    silent_long = longform.split_text(words_of(numbered("w", 40)), heard_of("", ""))
+    silent_long = split_text(words_of(numbered("w", 40)), heard_of("", ""))
     assert not silent_long.aligned.any()
 
 
@@ -142,16 +167,16 @@ def test_zone_cut_follows_the_likelihoods():
     """Two words the model dropped at a boundary are forced in both windows; the windows' teacher-forced
     log-probabilities decide which side each is on."""
     given = words_of(f"{numbered('a', 10)} x y {numbered('b', 10)}")
-    split = longform.split_text(given, heard_of(numbered("a", 10), numbered("b", 10)))
+    split = split_text(given, heard_of(numbered("a", 10), numbered("b", 10)))
     assert list(split.zones[0]) == [10, 12]
     left = np.zeros(len(split.share(0)))
     right = np.zeros(len(split.share(1)))
     left[-2:] = [-0.5, -9.0]  # "x" fits the end of window 0, "y" does not
     right[:2] = [-8.0, -0.3]
-    cuts = longform.choose_cuts(split, [left, right])
+    cuts = choose_cuts(split, [left, right])
     assert list(cuts) == [11]
     left[-2:] = [-9.0, -9.0]
-    assert list(longform.choose_cuts(split, [left, right])) == [10]
+    assert list(choose_cuts(split, [left, right])) == [10]
 
 
 def test_matching_thirty_thousand_words():
@@ -171,7 +196,7 @@ def test_matching_thirty_thousand_words():
                 continue
             window.append("zz" if roll < 0.2 else word)
         heard.append([normalise(w) for w in window])
-    split = longform.split_text(words_of(" ".join(text)), heard)
+    split = split_text(words_of(" ".join(text)), heard)
     owner = owners_by_estimate(split)
     truth = np.arange(len(text)) // per_window
     assert split.aligned.mean() > 0.99
@@ -195,73 +220,75 @@ def tokens():
 
 def test_text_words_group_like_the_alignment(tokens):
     ids = tokens.encode(' Hello, world! "Quoted" (words) end.')
-    words = longform.text_words(ids, tokens, "en")
+    words = text_words(ids, tokens, "en")
     assert [w.text for w in words] == [" Hello,", " world!", ' "Quoted"', " (words)", " end."]
     assert [w.key for w in words] == ["hello", "world", "quoted", "words", "end"]
     assert [t for w in words for t in w.tokens] == ids
 
 
 def given_of(tokens, text: str) -> list[TextWord]:
-    return longform.text_words(tokens.encode(" " + text), tokens, "en")
+    return text_words(tokens.encode(" " + text), tokens, "en")
 
 
-def finished(split, plans, bodies, tokens, duration: float = 70.0) -> dict:
-    return longform.finish(split.words, longform.Reading.read(split, plans, bodies), tokens, duration, "en")
+def finished(split, jobs, transcripts, tokens, duration: float = 70.0) -> dict:
+    return finish(split.words, Reading.read(split, jobs, transcripts), tokens, duration, "en").to_dict()
 
 
-def heard_plans(tokens, seconds: float):
+def heard_windows(seconds: float) -> list[AudioChunk]:
     samples = np.random.default_rng(0).standard_normal(int(seconds * SAMPLE_RATE)).astype(np.float32) * 0.01
-    return longform.transcription_plans(samples, tokens, "en", [])
+    return audible_windows(samples)
+
+
+def heard(*texts: str) -> list[Transcript]:
+    """What the model heard in each window, as the first pass's transcripts."""
+    return [Transcript("transcribe", "en", 30.0, text, []) for text in texts]
 
 
 def test_what_is_heard_is_read_greedily_without_retries(tokens):
     """Pass 1 only locates the text: a window failing openai-whisper's thresholds is not sampled again
     (each retry would cost another encoder pass)."""
-    from vllm_whisper_align.runners.decoding import WindowOutput, fall_back
+    from vllm_whisper_align.runners.decoding import WindowOutput, fall_back, plan_hearing
 
-    plans = heard_plans(tokens, 70)
-    for plan in plans:
+    for window in heard_windows(70):
+        plan = plan_hearing(window, tokens, "en", [])
         improbable = [WindowOutput([1], [-3.0], avg_logprob=-3.0, compression_ratio=3.0)]
         assert fall_back(plan, improbable, [0]) == ([], [])
         assert plan.windows[0].temperature == 0.0
 
 
 def test_a_share_over_the_context_is_refused_with_its_window(tokens):
-    plans = heard_plans(tokens, 70)
-    assert len(plans) == 3 and all(len(p.windows) == 1 for p in plans)
+    windows = heard_windows(70)
+    assert len(windows) == 3
     middle = "second part " * 250  # as many words heard as given: not text missing from the audio
-    bodies = [{"text": "first part"}, {"text": middle}, {"text": "third part"}]
     text = f"first part {middle} third part"
-    start, end = plans[1].windows[0].offset, plans[1].windows[0].offset + plans[1].windows[0].duration
+    start, end = windows[1].offset, windows[1].offset + windows[1].duration
     with pytest.raises(AlignmentInputError, match=rf"falls in {start:.1f}-{end:.1f} s is 50\d tokens.*448"):
-        longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
+        split_and_force(
+            windows, heard("first part", middle, "third part"), tokens, given_of(tokens, text), "en"
+        )
 
 
-def fake_body(split, window: int, plan, first_start: float, spacing: float, probability: float = 0.9):
-    """What results.finish returns for a window's share: words one after another from first_start."""
-    words, token_list, time = [], [], plan.windows[0].offset + first_start
+def fake_transcript(split, window: int, job, first_start: float, spacing: float, probability: float = 0.9):
+    """What the driver returns for a window's forced share: words one after another from first_start."""
+    words, token_list, time = [], [], job.audio.offset + first_start
     for index, word_tokens in split.items(window, split.fillers.get(window, ())):
         text = split.words[index].text if index >= 0 else " filler"
         end = time + spacing / 2
-        words.append({"word": text, "start": time, "end": end, "probability": probability})
-        for token in word_tokens:
-            token_list.append(
-                {"id": token, "text": "", "start": time, "end": end, "probability": probability}
-            )
+        words.append(Word(time, end, text, probability))
+        token_list += [TokenTiming(token, "", time, end, probability) for token in word_tokens]
         time += spacing
-    return {"text": "", "words": words, "tokens": token_list, "segments": []}
+    return Transcript("align", "en", 30.0, "", [], words, token_list)
 
 
 def test_finish_returns_every_word_in_order(tokens):
-    plans = heard_plans(tokens, 70)
+    windows = heard_windows(70)
     spoken = ["first part of the talk", "second part of the talk", "third part of the talk"]
     skipped = " ".join(["never said"] * 8)
     text = f"{spoken[0]}. {skipped}. {spoken[1]}. {spoken[2]}."
-    bodies = [{"text": s} for s in spoken]
-    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
-    assert all(p.windows[0].offset == h.windows[0].offset for p, h in zip(aligned_plans, plans, strict=True))
-    results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
-    body = finished(split, aligned_plans, results, tokens)
+    split, jobs = split_and_force(windows, heard(*spoken), tokens, given_of(tokens, text), "en")
+    assert all(job.audio.offset == window.offset for job, window in zip(jobs, windows, strict=True))
+    results = [fake_transcript(split, w, job, 1.0, 0.5) for w, job in enumerate(jobs)]
+    body = finished(split, jobs, results, tokens)
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text == body["text"]
     flags = [w["aligned"] for w in words]
@@ -271,22 +298,20 @@ def test_finish_returns_every_word_in_order(tokens):
     assert starts[0] == pytest.approx(1.0) and starts[5] == pytest.approx(words[4]["end"])
     assert all(w["probability"] == 0 and w["start"] == w["end"] for w in words if not w["aligned"])
     # Absolute times: each window's first word 1 s after its offset.
-    assert starts[21] == pytest.approx(plans[1].windows[0].offset + 1.0)
-    assert starts[26] == pytest.approx(plans[2].windows[0].offset + 1.0) and starts[26] > 40
+    assert starts[21] == pytest.approx(windows[1].offset + 1.0)
+    assert starts[26] == pytest.approx(windows[2].offset + 1.0) and starts[26] > 40
     assert len(body["tokens"]) == len(tokens.encode(" " + text))
     assert body["segments"] and all(s["start"] <= s["end"] for s in body["segments"])
 
 
 def test_finish_without_a_window_result(tokens):
     """A window whose alignment failed: its words come back unaligned, the others keep their times."""
-    plans = heard_plans(tokens, 70)
+    windows = heard_windows(70)
     spoken = ["alpha beta gamma", "delta epsilon zeta", "eta theta iota"]
-    split, aligned_plans = longform.alignment_plans(
-        plans, [{"text": s} for s in spoken], tokens, given_of(tokens, " ".join(spoken)), "en"
-    )
-    results = [fake_body(split, w, p, 1.0, 0.5) for w, p in enumerate(aligned_plans)]
-    results[1] = {"text": "", "words": [], "tokens": [], "segments": [], "alignment_errors": ["no alignment"]}
-    body = finished(split, aligned_plans, results, tokens)
+    split, jobs = split_and_force(windows, heard(*spoken), tokens, given_of(tokens, " ".join(spoken)), "en")
+    results = [fake_transcript(split, w, job, 1.0, 0.5) for w, job in enumerate(jobs)]
+    results[1] = Transcript("align", "en", 30.0, "", [], [], [], alignment_errors=["no alignment"])
+    body = finished(split, jobs, results, tokens)
     assert [w["aligned"] for w in body["words"]] == [True] * 3 + [False] * 3 + [True] * 3
     assert body["alignment_errors"] == ["no alignment"]
 
@@ -297,67 +322,66 @@ def test_heard_words_not_in_the_text_are_found_with_the_word_they_precede():
     text = f"{numbered('a', 12)} {numbered('b', 12)}"
     later_b = " ".join(f"b{i}" for i in range(6, 12))
     heard = heard_of(f"{numbered('a', 12)} x0 x1 x2 x3 x4 x5 {numbered('b', 6)}", f"{later_b} uh um")
-    split = longform.split_text(words_of(text), heard)
+    split = split_text(words_of(text), heard)
     assert split.aligned.all()
     assert split.extra == [[(12, j) for j in range(12, 18)], []]  # before b0, window 0's heard 12..17
     misheard = heard_of(f"{numbered('a', 12)} y0 y1 y2 y3 {numbered('b', 12)}")
     given = words_of(f"{numbered('a', 12)} z0 z1 z2 z3 {numbered('b', 12)}")
-    assert longform.split_text(given, misheard).extra == [[]]
+    assert split_text(given, misheard).extra == [[]]
     # A sentence heard as garbage, longer than it is (tiny.en on words with pauses): the text's own
     # words, misheard, not an aside: forced as filler they took its frames (start MAE 136 -> 374 ms).
     garbled = heard_of(f"{numbered('a', 12)} {numbered('g', 12)} {numbered('b', 12)}")
     given = words_of(f"{numbered('a', 12)} {numbered('s', 7)} {numbered('b', 12)}")
-    assert longform.split_text(given, garbled).extra == [[]]
+    assert split_text(given, garbled).extra == [[]]
     # A sentence heard as a loop (tiny.en's "mad, mad, mad, ..." over words with pauses) is no aside.
     loop = heard_of(f"{numbered('a', 12)} {' '.join(['mad'] * 150)} {numbered('b', 12)}")
     given = words_of(f"{numbered('a', 12)} {numbered('s', 18)} {numbered('b', 12)}")
-    assert longform.split_text(given, loop).extra == [[]]
+    assert split_text(given, loop).extra == [[]]
 
 
 def test_fillers_go_before_the_word_they_precede_and_come_back_nowhere(tokens):
     """The aside's heard words are forced in its window, between the text's words around it; the
     answer holds the given words only, timed after the filler."""
-    plans = heard_plans(tokens, 70)
+    windows = heard_windows(70)
     spoken = ["one two three four", "five six seven eight", "nine ten eleven twelve"]
     aside = "what a lovely day it is outside"
-    bodies = [{"text": f"{spoken[0]} {aside} {spoken[1]}"}, {"text": ""}, {"text": spoken[2]}]
+    transcripts = heard(f"{spoken[0]} {aside} {spoken[1]}", "", spoken[2])
     text = " ".join(spoken)
-    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
+    split, jobs = split_and_force(windows, transcripts, tokens, given_of(tokens, text), "en")
     items = split.items(0, split.fillers[0])
     kinds = ["given" if index >= 0 else "filler" for index, _ in items]
     assert kinds[:4] == ["given"] * 4 and kinds[4:11] == ["filler"] * 7 and set(kinds[11:]) <= {"given"}
-    forced = aligned_plans[0].windows[0].forced_tokens
-    assert forced == [t for _, word_tokens in items for t in word_tokens]
+    assert jobs[0].token_ids == [t for _, word_tokens in items for t in word_tokens]
     results = [
-        fake_body(split, w, p, 1.0, 0.5) if p is not None else None for w, p in enumerate(aligned_plans)
+        fake_transcript(split, w, job, 1.0, 0.5) if job is not None else None for w, job in enumerate(jobs)
     ]
-    body = finished(split, aligned_plans, results, tokens)
+    body = finished(split, jobs, results, tokens)
     assert "".join(w["word"] for w in body["words"]).strip() == text
     assert all(w["aligned"] for w in body["words"])
     starts = [w["start"] for w in body["words"]]
-    assert starts[4] == pytest.approx(plans[0].windows[0].offset + 1.0 + 11 * 0.5)  # after 4 + 7 words
+    assert starts[4] == pytest.approx(windows[0].offset + 1.0 + 11 * 0.5)  # after 4 + 7 words
     assert len(body["tokens"]) == len(tokens.encode(" " + text))
 
 
 def test_fillers_that_do_not_fit_the_context_are_left_out(tokens):
-    plans = heard_plans(tokens, 70)
+    windows = heard_windows(70)
     rng = np.random.default_rng(0)  # a long aside of made-up words, far over the context (no loop)
     aside = " ".join(
         "".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), size=rng.integers(3, 8))) for _ in range(200)
     )
-    bodies = [{"text": f"alpha beta {aside} gamma delta"}, {"text": "epsilon zeta"}, {"text": "eta theta"}]
+    transcripts = heard(f"alpha beta {aside} gamma delta", "epsilon zeta", "eta theta")
     text = "alpha beta gamma delta epsilon zeta eta theta"
-    split, aligned_plans = longform.alignment_plans(plans, bodies, tokens, given_of(tokens, text), "en")
+    split, _ = split_and_force(windows, transcripts, tokens, given_of(tokens, text), "en")
     assert split.extra[0] and not split.fillers.get(0)
     assert all(index >= 0 for index, _ in split.items(0, split.fillers.get(0, ())))
 
 
 def test_the_second_pass_runs_last_window_first_and_answers_in_window_order():
     plans = ["p0", None, "p2", "p3"]  # window 1 has no text
-    order = longform.second_pass_order(plans)
+    order = second_pass_order(plans)
     assert order == [3, 2, 0]
     bodies = [{"window": k} for k in order]  # answers in the order run
-    placed = longform.in_window_order(order, bodies, len(plans))
+    placed = in_window_order(order, bodies, len(plans))
     assert placed == [{"window": 0}, None, {"window": 2}, {"window": 3}]
 
 
@@ -369,7 +393,7 @@ def test_prefixes_place_each_window_where_its_speech_starts():
     # Window 1's prefix begins with a misheard word (an edit either way): the speech starts at b0.
     prefixes = [text[:8], ["bee0", *text[31:38]], text[60:68]]
     # The rate expects window 1 two words late: equal costs at b0 and b1, and the speech starts at b0.
-    starts, unsure = longform.place_prefixes(text, prefixes, np.array([32.0, 28.0, 30.0]))
+    starts, unsure = place_prefixes(text, prefixes, np.array([32.0, 28.0, 30.0]))
     np.testing.assert_array_equal(starts, [0, 30, 60])
     np.testing.assert_array_equal(unsure, [0, 0])  # three of the first four words agree: sure
 
@@ -379,7 +403,7 @@ def test_a_repeated_phrase_is_placed_at_the_repetition_the_rate_expects():
     text = [*numbered("a", 25).split(), *phrase, *numbered("b", 25).split(), *phrase]
     text = [normalise(w) for w in [*text, *numbered("c", 30).split()]]
     durations = np.array([30.0, 30.0, 30.0])
-    starts, _ = longform.place_prefixes(text, [text[:6], text[55:61], text[85:91]], durations)
+    starts, _ = place_prefixes(text, [text[:6], text[55:61], text[85:91]], durations)
     assert starts[1] == 55 and text[55:60] == phrase
 
 
@@ -389,44 +413,44 @@ def test_a_prefix_that_matches_nowhere_starts_its_window_where_the_rate_expects(
     text = [normalise(w) for w in numbered("a", 90).split()]
     durations = np.array([30.0, 30.0, 30.0])
     for heard in (["applause", "music", "cheering", "x"], []):
-        starts, unsure = longform.place_prefixes(text, [text[:8], heard, text[60:68]], durations)
+        starts, unsure = place_prefixes(text, [text[:8], heard, text[60:68]], durations)
         np.testing.assert_array_equal(starts, [0, 30, 60])
-        np.testing.assert_array_equal(unsure, [longform.ZONE_MAX_WORDS, 0])
+        np.testing.assert_array_equal(unsure, [ZONE_MAX_WORDS, 0])
 
 
 def test_an_unsure_start_shares_words_with_the_window_before():
     words = words_of(numbered("a", 40))
-    split = longform.prefix_split(words, np.array([0, 20, 30]), np.array([0, 3]))
+    split = prefix_split(words, np.array([0, 20, 30]), np.array([0, 3]))
     np.testing.assert_array_equal(split.zones, [[20, 20], [27, 33]])
     assert split.aligned.all()
     np.testing.assert_array_equal(split.share(1), np.arange(20, 33))
     np.testing.assert_array_equal(split.share(2), np.arange(27, 40))
 
 
-def ranked_body(split, window: int, plan, ranks: list[int], spacing: float = 0.5):
-    body = fake_body(split, window, plan, 1.0, spacing)
-    body["token_ranks"] = ranks
-    return body
+def ranked_body(split, window: int, job, ranks: list[int], spacing: float = 0.5) -> Transcript:
+    transcript = fake_transcript(split, window, job, 1.0, spacing)
+    transcript.token_ranks = ranks
+    return transcript
 
 
 @pytest.fixture
 def prefix_case(tokens):
-    plans = heard_plans(tokens, 70)
+    windows = heard_windows(70)
     spoken = [numbered("alpha", 12), numbered("beta", 12), numbered("gamma", 12)]
-    given = longform.text_words(tokens.encode(" " + " ".join(spoken)), tokens, "en")
-    placed = longform.place_prefixes(
+    given = text_words(tokens.encode(" " + " ".join(spoken)), tokens, "en")
+    placed = place_prefixes(
         [w.key for w in given],
         [[normalise(w) for w in s.split()[:6]] for s in spoken],
-        np.array([p.windows[0].duration for p in plans]),
+        np.array([window.duration for window in windows]),
     )
-    split = longform.prefix_split(given, *placed)
-    window_plans = longform.window_plans(split, plans, [[], [], []], tokens, "en", "auto")
+    split = prefix_split(given, *placed)
+    jobs = force_jobs(split, windows, [[], [], []], tokens, "en")
     num_tokens = [len(split.share_tokens(w)) for w in range(3)]
-    return split, window_plans, num_tokens
+    return split, jobs, num_tokens
 
 
 def unheard(split, plans, bodies) -> list[int]:
-    return list(np.flatnonzero(longform.unheard_windows(longform.Reading.read(split, plans, bodies))))
+    return list(np.flatnonzero(unheard_windows(Reading.read(split, plans, bodies))))
 
 
 def test_text_the_model_would_say_is_heard(prefix_case):
@@ -459,7 +483,7 @@ def test_a_word_spanning_an_aside_fails_its_window(prefix_case):
         ranked_body(split, w, p, [1] * n) for w, (p, n) in enumerate(zip(plans, num_tokens, strict=True))
     ]
     assert unheard(split, plans, bodies) == []
-    bodies[2]["words"][3]["end"] = bodies[2]["words"][3]["start"] + longform.MAX_WORD_SECONDS + 0.5
+    bodies[2].words[3].end = bodies[2].words[3].start + MAX_WORD_SECONDS + 0.5
     assert unheard(split, plans, bodies) == [2]
 
 
@@ -474,7 +498,7 @@ def test_a_window_without_a_result_fails(prefix_case):
 
 def test_failed_windows_are_aligned_again_with_their_neighbours():
     def regions(*failed: int, num_windows: int = 8) -> list[tuple[int, int]]:
-        return longform.realign_regions(np.isin(np.arange(num_windows), failed))
+        return realign_regions(np.isin(np.arange(num_windows), failed))
 
     assert regions() == []
     assert regions(3) == [(2, 5)]
@@ -508,53 +532,55 @@ class FakeEngine:
         # Per step: its name, the windows transcribed, the windows forced.
         self.steps: list[tuple[str, list[int], list[int]]] = []
 
-    def run(self, name: str, plans) -> list[dict]:
+    def run(self, name: str, jobs) -> list[Transcript]:
         short = name.startswith(("p", "z"))  # before the full pass
-        heard, forced, bodies = [], [], []
-        for plan in plans:
-            window = self.offsets.index(plan.windows[0].offset)
-            if plan.windows[0].forced_tokens is None:
+        heard, forced, transcripts = [], [], []
+        for job in jobs:
+            window = self.offsets.index(job.audio.offset)
+            if isinstance(job, Hear):
                 heard.append(window)
                 words = self.spoken[window].split()[self.skipped_start.get(window, 0) :]
-                bodies.append({"text": " ".join(words[: 6 if short else None])})
+                transcripts.append(
+                    Transcript("transcribe", "en", 30.0, " ".join(words[: 6 if short else None]), [])
+                )
             else:
                 forced.append(window)
-                bodies.append(self.forced(plan, window, probability=0.9 if short else 0.8, short=short))
+                transcripts.append(self.forced(job, window, probability=0.9 if short else 0.8, short=short))
         self.steps.append((name, heard, forced))
-        return bodies
+        return transcripts
 
-    def forced(self, plan, window: int, probability: float, short: bool) -> dict:
+    def forced(self, job, window: int, probability: float, short: bool) -> Transcript:
         held = set(self.spoken[window].split())
-        words = longform.text_words(plan.windows[0].forced_tokens, self.tokens, "en")
-        entries, ranks, time = [], [], plan.windows[0].offset + 1.0
+        words = text_words(job.token_ids, self.tokens, "en")
+        entries, ranks, time = [], [], job.audio.offset + 1.0
         for word in words:
             heard = word.key in held and not (short and word.key in self.unheard)
             for token in word.tokens:
                 entries.append(
-                    {
-                        "id": token,
-                        "text": "",
-                        "start": time,
-                        "end": time + 0.2,
-                        "probability": probability if word.key in held else 0.01,
-                    }
+                    TokenTiming(token, "", time, time + 0.2, probability if word.key in held else 0.01)
                 )
                 ranks.append(1 if heard else 7)
             time += 0.3
-        return {"text": "", "words": [], "tokens": entries, "segments": [], "token_ranks": ranks}
+        return Transcript("align", "en", 30.0, "", [], [], entries, token_ranks=ranks)
+
+
+def steps_of(samples, tokens, text: str):
+    return alignment_steps(
+        audible_windows(samples), tokens.encode(" " + text), tokens, "en", len(samples) / SAMPLE_RATE
+    )
 
 
 def drive(engine: FakeEngine, steps) -> dict:
-    step, body = longform.advance(steps, None)
+    step, transcript = advance(steps, None)
     while step is not None:
-        step, body = longform.advance(steps, engine.run(*step))
-    return body
+        step, transcript = advance(steps, engine.run(*step))
+    return transcript.to_dict()
 
 
 @pytest.fixture
 def five_windows(tokens):
     samples = np.random.default_rng(0).standard_normal(140 * SAMPLE_RATE).astype(np.float32) * 0.01
-    windows = [p.windows[0] for p in longform.transcription_plans(samples, tokens, "en", [])]
+    windows = audible_windows(samples)
     assert len(windows) == 5
     spoken = [numbered(name, 12) for name in ("alpha", "beta", "gamma", "delta", "echo")]
     return samples, windows, spoken
@@ -564,7 +590,7 @@ def test_clean_text_takes_the_short_first_pass_alone(tokens, five_windows):
     samples, windows, spoken = five_windows
     engine = FakeEngine(tokens, windows, spoken)
     text = " ".join(spoken)
-    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    body = drive(engine, steps_of(samples, tokens, text))
     assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4])]
     assert "".join(w["word"] for w in body["words"]).strip() == text
     assert all(w["aligned"] and w["probability"] == pytest.approx(0.9) for w in body["words"])
@@ -578,7 +604,7 @@ def test_only_the_windows_around_unheard_text_take_the_full_first_pass(tokens, f
     samples, windows, spoken = five_windows
     engine = FakeEngine(tokens, windows, spoken, unheard={f"delta{i}" for i in range(12)})
     text = " ".join(spoken)
-    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    body = drive(engine, steps_of(samples, tokens, text))
     assert engine.steps == [
         ("p0-", [0, 1, 2, 3, 4], []),
         ("p1-", [], [0, 1, 2, 3, 4]),
@@ -603,7 +629,7 @@ def test_a_start_placed_late_is_mended_by_sharing_its_boundary(tokens, five_wind
     samples, windows, spoken = five_windows
     engine = FakeEngine(tokens, windows, spoken, skipped_start={3: 5})
     text = " ".join(spoken)
-    body = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    body = drive(engine, steps_of(samples, tokens, text))
     assert engine.steps == [("p0-", [0, 1, 2, 3, 4], []), ("p1-", [], [0, 1, 2, 3, 4]), ("z", [], [3])]
     words = body["words"]
     assert "".join(w["word"] for w in words).strip() == text
@@ -619,13 +645,10 @@ def test_the_short_pass_forces_each_block_while_the_next_is_heard(tokens, five_w
     The words are those of the recording run in one block."""
     samples, windows, spoken = five_windows
     text = " ".join(spoken)
-    whole = drive(
-        FakeEngine(tokens, windows, spoken),
-        longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []),
-    )
-    monkeypatch.setattr(longform, "PASS_BLOCK_WINDOWS", 2)
+    whole = drive(FakeEngine(tokens, windows, spoken), steps_of(samples, tokens, text))
+    monkeypatch.setattr(longform_steps, "PASS_BLOCK_WINDOWS", 2)
     engine = FakeEngine(tokens, windows, spoken)
-    blocked = drive(engine, longform.alignment_steps(samples, tokens.encode(" " + text), tokens, "en", []))
+    blocked = drive(engine, steps_of(samples, tokens, text))
     assert engine.steps == [
         ("p0-", [0, 1], []),
         ("p1-", [2, 3], [0]),

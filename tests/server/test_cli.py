@@ -9,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from speech import concatenate_clips, long_clip, sentence_clips, start_errors, write_wav
-from test_formats import parse_srt
-from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 
+from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors, write_wav
+from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles, parse_srt
 from vllm_whisper_align.engine.int8 import encoder_int8_supported
 from vllm_whisper_align.formats.subtitles import SRT, read_subtitles, write_subtitles
 

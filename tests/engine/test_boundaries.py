@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from speech import SENTENCES, sentence_clips, start_errors, synthesize_sentence
 
+from tests.support.speech import SENTENCES, sentence_clips, start_errors, synthesize_sentence
 from vllm_whisper_align.audio.features import speech_frames
 
 VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp"]
@@ -31,14 +31,14 @@ def continuous_clips():
 
 def within(clips, results, seconds: float) -> float:
     """Share of the words with a known start that the result has within ``seconds`` of it."""
-    errors = np.concatenate([start_errors(clip, r["words"]) for clip, r in zip(clips, results, strict=True)])
+    errors = np.concatenate([start_errors(clip, r.words) for clip, r in zip(clips, results, strict=True)])
     errors = errors[~np.isnan(errors)]
     return float(np.mean(errors <= seconds))
 
 
 def heard_within(clips, results, seconds: float) -> float:
     """As ``within``, over the words the transcript has (a misheard word has no start to judge)."""
-    errors = np.concatenate([start_errors(clip, r["words"]) for clip, r in zip(clips, results, strict=True)])
+    errors = np.concatenate([start_errors(clip, r.words) for clip, r in zip(clips, results, strict=True)])
     errors = errors[np.isfinite(errors)]
     return float(np.mean(errors <= seconds))
 

@@ -1,7 +1,15 @@
 import numpy as np
 import pytest
 import soundfile
-from speech import SAMPLE_RATE, long_clip, sentence_clips, speak_word, synthesize_words, write_wav
+
+from tests.support.speech import (
+    SAMPLE_RATE,
+    long_clip,
+    sentence_clips,
+    speak_word,
+    synthesize_words,
+    write_wav,
+)
 
 SILENCE_RMS = 1e-4
 SPEECH_RMS = 1e-2

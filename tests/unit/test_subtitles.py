@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_whisper_align.formats.subtitles import (
-    SRT,
-    VTT,
-    SubtitleCue,
-    SubtitleError,
-    read_subtitles,
-    write_subtitles,
-)
+from vllm_whisper_align.formats.cues import Cue
+from vllm_whisper_align.formats.subtitles import SRT, VTT, SubtitleError, read_subtitles, write_subtitles
 
 SRT_FILE = """1
 00:00:01,000 --> 00:00:02,500
@@ -50,9 +44,9 @@ def test_srt_cues_keep_numbers_lines_and_settings():
     subtitles = read_subtitles(SRT_FILE)
     assert subtitles.format == SRT and subtitles.header == ()
     assert subtitles.cues == (
-        SubtitleCue("1", 1.0, 2.5, "<i>Hello</i> there,\nhow are you?"),
-        SubtitleCue("2", 3.0, 4.25, "♪", " X1:100 X2:200 Y1:10 Y2:20"),
-        SubtitleCue("3", 3723.004, 3725.0, "Fine."),
+        Cue(1.0, 2.5, "<i>Hello</i> there,\nhow are you?", "1"),
+        Cue(3.0, 4.25, "♪", "2", " X1:100 X2:200 Y1:10 Y2:20"),
+        Cue(3723.004, 3725.0, "Fine.", "3"),
     )
     assert write_subtitles(subtitles) == SRT_FILE
 
@@ -62,8 +56,8 @@ def test_vtt_cues_identifiers_settings_and_header_blocks():
     assert subtitles.format == VTT
     assert subtitles.header == ("WEBVTT - a title\nKind: captions", "STYLE\n::cue { color: yellow }")
     assert subtitles.cues == (
-        SubtitleCue("intro", 1.0, 2.0, "<v Bob>Hi</v>\n- Yes?", " align:start line:0"),
-        SubtitleCue(None, 3.5, 4.0, "&lt;quiet&gt;"),
+        Cue(1.0, 2.0, "<v Bob>Hi</v>\n- Yes?", "intro", " align:start line:0"),
+        Cue(3.5, 4.0, "&lt;quiet&gt;", None),
     )
     written = write_subtitles(subtitles)
     assert "NOTE" not in written  # comments are not cues
@@ -83,7 +77,7 @@ def test_crlf_bom_utf16_and_no_trailing_blank_line_read_the_same():
 def test_tolerated_variants():
     # No cue number, a dot for a comma, one-digit hours, no spaces around the arrow, a cue without text.
     subtitles = read_subtitles("00:00:01.5-->0:00:02,000\nhi\n\n7\n00:00:03,000 --> 00:00:04,000\n")
-    assert subtitles.cues == (SubtitleCue(None, 1.5, 2.0, "hi"), SubtitleCue("7", 3.0, 4.0, ""))
+    assert subtitles.cues == (Cue(1.5, 2.0, "hi", None), Cue(3.0, 4.0, "", "7"))
     assert write_subtitles(subtitles).startswith("1\n00:00:01,500 --> 00:00:02,000\nhi\n\n7\n")
 
 

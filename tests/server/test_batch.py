@@ -14,8 +14,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from speech import sentence_clips, start_errors, write_wav
 
+from tests.support.speech import sentence_clips, start_errors, write_wav
+from vllm_whisper_align.align.results import Transcript
+from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.batch import job
 from vllm_whisper_align.batch.job import Item, JobOptions, ManifestError
 
@@ -180,14 +182,15 @@ class FakeService:
 
     async def transcribe(self, samples, *, request_id, language, **_):
         self.calls.append(("transcribe", request_id.split("-")[1], language))
-        return {"text": "t", "language": language or "en", "words": [{"word": "t"}]}
+        return Transcript("transcribe", language or "en", 1.0, "t", [], [Word(0.0, 0.5, "t", 0.9)])
 
     async def align(self, samples, *, request_id, text, language, **_):
         self.calls.append(("align", request_id.split("-")[1], language))
         await asyncio.sleep(0)  # the others run meanwhile
         if "!" in text:
             raise ValueError("text does not fit")
-        return {"text": text, "language": language or "en", "words": text.split()}
+        words = [Word(k, k + 0.5, " " + word, 0.9) for k, word in enumerate(text.split())]
+        return Transcript("align", language or "en", 1.0, text, [], words, [])
 
 
 def test_one_failing_item_fails_alone(tmp_path):
@@ -224,7 +227,7 @@ def test_one_failing_item_fails_alone(tmp_path):
         ("transcribe", "t1", "en"),
         ("transcribe", "t2", "fr"),
     ]
-    assert json.loads((tmp_path / "a1.json").read_text())["words"] == ["one", "two"]
+    assert [w["word"] for w in json.loads((tmp_path / "a1.json").read_text())["words"]] == [" one", " two"]
     assert not (tmp_path / "a2.json").exists() and (tmp_path / "done.json").read_text() == "{}"
     assert not list(tmp_path.glob(".*.tmp"))
 

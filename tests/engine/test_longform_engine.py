@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from speech import SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_words
 
+from tests.support.speech import SENTENCES, SpokenClip, concatenate_clips, long_clip, synthesize_words
 from vllm_whisper_align.audio.windows import chunk_audio
 from vllm_whisper_align.constants import SAMPLE_RATE
 
@@ -22,12 +22,12 @@ DRIFT_TOLERANCE_S = 0.01
 
 
 def starts_of(result) -> np.ndarray:
-    return np.array([w["start"] for w in result["words"]])
+    return np.array([w.start for w in result.words])
 
 
 def start_errors_in_order(clip: SpokenClip, result) -> np.ndarray:
     """Every given word comes back, in order: errors pair word k with spoken word k."""
-    words = [w["word"].strip(" .").lower() for w in result["words"]]
+    words = [w.word.strip(" .").lower() for w in result.words]
     assert words == [w.lower() for w in clip.words]
     return np.abs(starts_of(result) - np.array(clip.starts))
 
@@ -63,7 +63,7 @@ def check_long_form(aligner, clip: SpokenClip, label: str) -> np.ndarray:
     # aligned again would have hit the cache twice more: its full first pass and second pass).
     assert aligner.capture_stats()["encoder_cache_hits"] - before == len(chunk_audio(clip.samples))
     errors = start_errors_in_order(clip, result)
-    assert all(w["aligned"] for w in result["words"])
+    assert all(w.aligned for w in result.words)
     assert np.all(np.diff(starts_of(result)) >= 0)
     reference = window_by_window(aligner, clip)
     starts = np.array(clip.starts)
@@ -108,19 +108,19 @@ def test_skipped_paragraph_is_flagged_and_does_not_drag(aligner):
     windows = len(chunk_audio(clip.samples))
     again, odd = divmod(aligner.capture_stats()["encoder_cache_hits"] - before - windows, 2)
     assert odd == 0 and 2 <= again < windows
-    words = with_paragraph["words"]
-    assert [w["word"].strip() for w in words] == text.split()
-    flags = np.array([w["aligned"] for w in words])
+    words = with_paragraph.words
+    assert [w.word.strip() for w in words] == text.split()
+    flags = np.array([w.aligned for w in words])
     paragraph = np.zeros(len(words), dtype=bool)
     paragraph[middle : middle + len(skipped)] = True
     assert not flags[paragraph].any()
-    # Spoken words the model misheard right next to the paragraph cannot be told from it (README).
+    # Spoken words the model misheard right next to the paragraph cannot be told from it (docs/longform.md).
     assert (~flags[~paragraph]).sum() <= MAX_SPOKEN_FLAGGED
     for k in np.flatnonzero(~flags):
-        before = [w["end"] for w in words[:k] if w["aligned"]]
-        assert words[k]["probability"] == 0 and words[k]["start"] == words[k]["end"] == before[-1]
+        before = [w.end for w in words[:k] if w.aligned]
+        assert words[k].probability == 0 and words[k].start == words[k].end == before[-1]
     spoken_flags = flags[~paragraph]
-    starts = np.array([w["start"] for w in words])[~paragraph]
+    starts = np.array([w.start for w in words])[~paragraph]
     others = np.abs(starts - np.array(clip.starts))[spoken_flags]
     reference = start_errors_in_order(clip, plain)[spoken_flags]
     print(
@@ -128,7 +128,7 @@ def test_skipped_paragraph_is_flagged_and_does_not_drag(aligner):
         f"other spoken words {others.mean():.3f} s (text without the paragraph: {reference.mean():.3f} s)"
     )
     # The words next to the paragraph that were heard but not flagged may still be pulled by it (the
-    # README's failure modes): at most two, and they may not cost the rest more than 50 ms of MAE.
+    # failure modes of docs/longform.md): at most two, and they may not cost the rest more than 50 ms of MAE.
     assert (others > 0.5).sum() <= MAX_DRAGGED
     assert others.mean() <= MAE_TOLERANCE * reference.mean() + DRAG_ALLOWANCE_S
 
@@ -149,7 +149,7 @@ def aside_case(aligner):
 def test_audio_not_in_the_text_gets_no_words(aside_case):
     result, truth, _ = aside_case
     starts = starts_of(result)
-    assert len(starts) == len(truth) and all(w["aligned"] for w in result["words"])
+    assert len(starts) == len(truth) and all(w.aligned for w in result.words)
     assert np.all(np.diff(starts) >= 0)
     assert (np.abs(starts - truth) <= 0.2).mean() >= 0.9
 

@@ -7,13 +7,13 @@ import io
 import numpy as np
 import openai
 import pytest
-from speech import sentence_clips, write_wav
+
+from tests.support.speech import sentence_clips, write_wav
 
 
 @pytest.fixture(scope="module")
 def base_server(tmp_path_factory):
-    from conftest import running_server
-
+    from tests.support.servers import running_server
     from vllm_whisper_align.checkpoints.bundled import base_model_path
 
     with running_server(base_model_path(), tmp_path_factory.mktemp("base"), "whisper-base") as url:

@@ -125,8 +125,8 @@ def speak_sentence(text: str, voice: str = "en-us", rate: int = 160) -> tuple[np
     if cache_file.exists():
         with np.load(cache_file) as cached:
             return cached["samples"], cached["starts"].tolist()
-    from espeak_events import speak_sentence as speak
-    from espeak_events import word_starts
+    from tests.support.espeak_events import speak_sentence as speak
+    from tests.support.espeak_events import word_starts
 
     wav, source_rate, events = speak(text, voice, rate)
     loud = np.flatnonzero(np.abs(wav) > TRIM_THRESHOLD * np.abs(wav).max(initial=0))
@@ -266,7 +266,7 @@ def _save_atomically(path: Path, samples: np.ndarray, **more: np.ndarray) -> Non
     os.replace(temporary.name, path)
 
 
-def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
+def start_errors(clip: SpokenClip, words: Sequence) -> np.ndarray:
     """|heard start - true start| per spoken word, inf for words the transcript lacks, NaN for words
     whose true start is unknown (see :func:`synthesize_sentence`).
 
@@ -276,19 +276,24 @@ def start_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
     return _paired_errors(clip, words, clip.starts, "start")
 
 
-def end_errors(clip: SpokenClip, words: Sequence[dict]) -> np.ndarray:
+def end_errors(clip: SpokenClip, words: Sequence) -> np.ndarray:
     """|heard end - true end| per spoken word, paired as :func:`start_errors` pairs them (inf: not
     heard; NaN: true end unknown)."""
     return _paired_errors(clip, words, clip.ends, "end")
 
 
-def _paired_errors(clip: SpokenClip, words: Sequence[dict], truth: Sequence[float], key: str) -> np.ndarray:
+def _paired_errors(clip: SpokenClip, words: Sequence, truth: Sequence[float], key: str) -> np.ndarray:
     spoken = [_plain(w) for w in clip.words]
-    heard = [_plain(w["word"]) for w in words]
+    heard = [_plain(_field(w, "word")) for w in words]
     errors = np.full(len(spoken), np.inf)
     for i, j in align_words(spoken, heard):
-        errors[i] = abs(words[j][key] - truth[i])
+        errors[i] = abs(_field(words[j], key) - truth[i])
     return errors
+
+
+def _field(word, name: str):
+    """A word's field: words are the HTTP answers' dicts or the Python API's ``Word`` objects."""
+    return word[name] if isinstance(word, dict) else getattr(word, name)
 
 
 def _plain(word: str) -> str:

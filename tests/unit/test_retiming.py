@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from vllm_whisper_align import longform
+from vllm_whisper_align.align.results import Transcript
+from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.formats import retiming
-from vllm_whisper_align.formats.subtitles import (
-    VTT,
-    SubtitleCue,
-    SubtitleFile,
-    read_subtitles,
-    write_subtitles,
-)
+from vllm_whisper_align.formats.subtitles import read_subtitles, write_subtitles
+from vllm_whisper_align.longform.words import text_words
 
 # Cues with tags, line breaks, dialogue dashes, punctuation that the alignment glues to the previous
 # cue's last word ("...and"), and two cues without words (a symbol, only tags).
@@ -48,25 +43,21 @@ def tokens(model_dir):
     return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
 
 
-def aligned_result(text: str, tokens, unaligned=(), step: float = 1.0, offset: float = 0.5) -> dict:
-    """The alignment body of ``text`` had word k been spoken from offset + k*step for step/2 s;
-    the words numbered in ``unaligned`` flagged as longform flags text not in the audio."""
-    words = longform.text_words(tokens.encode(" " + text), tokens, "en")
-    return {
-        "text": text,
-        "duration": DURATION,
-        "language": "en",
-        "words": [
-            {
-                "word": w.text,
-                "start": round(offset + k * step, 2),
-                "end": round(offset + k * step + step / 2, 2),
-                "probability": 0.9,
-                "aligned": k not in unaligned,
-            }
-            for k, w in enumerate(words)
-        ],
-    }
+def aligned_result(text: str, tokens, unaligned=(), step: float = 1.0, offset: float = 0.5) -> Transcript:
+    """The alignment of ``text`` had word k been spoken from offset + k*step for step/2 s; the words
+    numbered in ``unaligned`` flagged as longform flags text not in the audio."""
+    words = text_words(tokens.encode(" " + text), tokens, "en")
+    timed = [
+        Word(
+            round(offset + k * step, 2),
+            round(offset + k * step + step / 2, 2),
+            w.text,
+            0.9,
+            aligned=k not in unaligned,
+        )
+        for k, w in enumerate(words)
+    ]
+    return Transcript("align", "en", DURATION, text, [], timed, [])
 
 
 def test_spoken_text_drops_tags_and_line_breaks():
@@ -83,9 +74,9 @@ def test_words_go_back_to_their_cues(tokens):
     cues = read_subtitles(SRT_FILE).cues
     result = aligned_result(retiming.alignment_text(cues), tokens)
     spoken = [retiming.spoken_text(c.text) for c in cues]
-    owners = retiming.word_owners(spoken, [w["word"] for w in result["words"]])
+    owners = retiming.word_owners(spoken, [w.word for w in result.words])
     # The tokenizer's grouping: "- I" is one word; "...and" belongs to cue 5, not to cue 3 before it.
-    assert [w["word"] for w in result["words"]][5:] == [
+    assert [w.word for w in result.words][5:] == [
         " - I",
         " am",
         " fine.",
@@ -100,7 +91,7 @@ def test_words_go_back_to_their_cues(tokens):
     assert owners == [0] * 5 + [2] * 4 + [4] * 6
     # An opening quote at a cue's end is glued to the next cue's first word: that word is the next cue's.
     split_quote = ['She said "', 'Stop!" and ran.']
-    words = longform.text_words(tokens.encode(' She said " Stop!" and ran.'), tokens, "en")
+    words = text_words(tokens.encode(' She said " Stop!" and ran.'), tokens, "en")
     assert [w.text for w in words] == [" She", " said", ' " Stop', '!"', " and", " ran."]
     assert retiming.word_owners(split_quote, [w.text for w in words]) == [0, 0, 1, 1, 1, 1]
 
@@ -204,56 +195,10 @@ def test_json_bodies_report_unaligned_cues(tokens):
         "aligned": True,
     }
     verbose = json.loads(retiming.render(retimed, result, "verbose_json"))
-    assert verbose["words"] == result["words"] and verbose["cues"] == body["cues"]
+    assert verbose["words"] == result.to_dict()["words"] and verbose["cues"] == body["cues"]
     assert retiming.render(retimed, result, "vtt").startswith("WEBVTT\n\n1\n00:00:00.500 --> 00:00:05.000\n")
     with pytest.raises(ValueError, match="text"):
         retiming.render(retimed, result, "text")
 
 
 # ---------------------------------------------------------------------------- for the engine tests
-
-# Subtitles that drift: every cue DRIFT_SHIFT_S late, and later still by DRIFT_RATE of its time.
-DRIFT_SHIFT_S = 3.0
-DRIFT_RATE = 0.05
-# A re-timed cue starts this close to its first word's true start.
-START_TOLERANCE_S = 0.2
-# Sentences of tests/speech.py, in this order, whose first words tiny.en places within START_TOLERANCE_S
-# (at most 0.14 s late) after the pause before them; 30.8 s, over one window. Other orders can do worse:
-# after "...after lunch." it places "The train leaves..." 0.9 s late (the alignment's limit, not re-timing's).
-CUE_SENTENCES = (0, 1, 4, 6, 5)
-
-
-def drifted_subtitles(sentences, fmt: str) -> tuple[SubtitleFile, list[float | None]]:
-    """A subtitle file for ``sentences`` (SpokenClips) spoken back to back as ``concatenate_clips``
-    joins them: a cue per sentence (one in italics, one on two lines) and a "♪" cue in the pause after
-    the first, all drifted; and the true start of each cue's first word (None: the cue has no words)."""
-    offsets = np.cumsum([0.0] + [clip.duration for clip in sentences[:-1]])
-    spans, texts = [], []
-    for k, (clip, offset) in enumerate(zip(sentences, offsets, strict=True)):
-        words = clip.text.split()
-        two_lines = " ".join(words[:3]) + "\n" + " ".join(words[3:])
-        text = {1: f"<i>{clip.text}</i>", 2: two_lines}.get(k, clip.text)
-        spans.append((offset + clip.starts[0], offset + clip.ends[-1]))
-        texts.append(text)
-        if k == 0:
-            spans.append((offset + clip.ends[-1] + 0.1, offset + clip.duration))
-            texts.append("♪")
-    cues = tuple(
-        SubtitleCue(str(number), *(t * (1 + DRIFT_RATE) + DRIFT_SHIFT_S for t in span), text)
-        for number, (span, text) in enumerate(zip(spans, texts, strict=True), start=1)
-    )
-    header = ("WEBVTT",) if fmt == VTT else ()
-    true_starts = [None if text == "♪" else start for (start, _), text in zip(spans, texts, strict=True)]
-    return SubtitleFile(fmt, cues, header), true_starts
-
-
-def assert_retimed(retimed: SubtitleFile, sent: SubtitleFile, true_starts: list[float | None]) -> None:
-    """Every cue kept, number and text; each starts near its first word; the cue without words in the
-    pause it was in; times in order."""
-    assert [(c.index, c.text) for c in retimed.cues] == [(c.index, c.text) for c in sent.cues]
-    timed = zip(retimed.cues, true_starts, strict=True)
-    errors = [abs(cue.start - true) for cue, true in timed if true is not None]
-    assert max(errors) <= START_TOLERANCE_S, (errors, retimed.cues)
-    music = true_starts.index(None)
-    assert retimed.cues[music - 1].end <= retimed.cues[music].start <= retimed.cues[music + 1].start
-    assert all(a.end <= b.start for a, b in zip(retimed.cues[:-1], retimed.cues[1:], strict=True))

@@ -6,6 +6,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from vllm_whisper_align.align import results
 from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.runners import decoding
 from vllm_whisper_align.tokens import WhisperTokens
 
@@ -26,7 +27,7 @@ def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
     """The result for `plan` had the engine said TEXT in its one window (and the worker
     returned no attention, or `cross_qk` as its answer for the window)."""
     text_ids = tokens.encode(TEXT)
-    output = decoding.WindowOutput(text_ids, [-0.1] * len(text_ids))
+    output = results.WindowOutput(text_ids, [-0.1] * len(text_ids))
     fetched = []
     if cross_qk is not None:
         [window] = plan.windows
@@ -39,7 +40,7 @@ def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
                 "candidate_heads": [0],
             }
         ]
-    return results.finish(plan, [output], fetched, tokens)
+    return results.finish(plan.decoded([output]), fetched, tokens, plan.info).to_dict()
 
 
 def all_times(result: dict) -> list[float]:
@@ -71,7 +72,7 @@ def test_under_one_mel_frame_is_nothing_to_hear(tokens):
 
 @pytest.mark.parametrize("num_samples", [160, 639])
 def test_forced_alignment_of_too_short_audio_is_refused(tokens, num_samples):
-    with pytest.raises(decoding.AlignmentInputError, match="at least 0.04 s"):
+    with pytest.raises(AlignmentInputError, match="at least 0.04 s"):
         decoding.plan_alignment(noise(num_samples), tokens, text="hello")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import re
@@ -15,18 +14,18 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from silence import state_total_samples, write_silent_flac
-from speech import (
-    SpokenClip,
-    concatenate_clips,
-    long_clip,
-    sentence_clips,
-    start_errors,
-    synthesize_words,
-    write_wav,
-)
-from test_retiming import CUE_SENTENCES, assert_retimed, drifted_subtitles
 
+from tests.support.servers import (
+    MAX_GUESSES,
+    disconnect_mid_request,
+    distinct_clips,
+    engine_counts,
+    is_guess,
+    wav_bytes,
+)
+from tests.support.silence import state_total_samples, write_silent_flac
+from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors
+from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
 MAX_AUDIO_S = 120
@@ -44,7 +43,7 @@ def server(model_dir, server_log_dir):
 
     WHISPER_ALIGN_TEST_SERVER=http://host:port reuses a server already started the same way.
     """
-    from conftest import running_server
+    from tests.support.servers import running_server
 
     if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
@@ -58,13 +57,6 @@ def server(model_dir, server_log_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600)
-
-
-def wav_bytes(clip_or_samples) -> bytes:
-    samples = clip_or_samples.samples if isinstance(clip_or_samples, SpokenClip) else clip_or_samples
-    buffer = io.BytesIO()
-    write_wav(buffer, samples)
-    return buffer.getvalue()
 
 
 def transcribe_raw(server: str, audio: bytes, **fields) -> httpx.Response:
@@ -97,7 +89,7 @@ def test_served_model_is_a_name_and_unknown_model_error_lists_names(server, clie
 def test_our_info_lines_reach_the_server_log(server, server_log_dir):
     """Our loggers sit under vLLM's logging config: the worker's notice of the heads it captures is logged,
     and so is serve's line of defaults."""
-    from conftest import SERVER_LOG
+    from tests.support.servers import SERVER_LOG
 
     if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
         pytest.skip("the log of a server started elsewhere is not ours to read")
@@ -143,31 +135,6 @@ def test_segment_and_word_granularities(server):
     assert all(t["start"] <= t["end"] for t in tokens)
     plain = transcribe_raw(server, wav_bytes(clip), response_format="text")
     assert plain.status_code == 200 and plain.text.strip() == both["text"].strip()
-
-
-# A transcription whose windows fail openai-whisper's thresholds at every temperature keeps its most
-# likely attempt, often the greedy one, at an avg_logprob below -1: a guess. vLLM's float32 kernels
-# sum in another order for another batch, and such a guess can flip a word ("water" / "worm" in
-# clips 0 and 8 of distinct_clips). Tests that compare a clip alone with the same clip in a batch
-# exempt a transcription that is a guess on either side (which side flips to the other is chance);
-# confident answers are not exempt, and at most MAX_GUESSES of 16 clips may be guesses, so the
-# comparison keeps its teeth. avg_logprob comes in the segments, which come back only when asked for
-# (OpenAI's rule): such tests ask for both granularities.
-GUESS_LOGPROB = -1.0
-MAX_GUESSES = 3
-
-
-def is_guess(*avg_logprobs: float) -> bool:
-    return any(logprob < GUESS_LOGPROB for logprob in avg_logprobs)
-
-
-def distinct_clips(count: int) -> list[SpokenClip]:
-    """Different sentences with different gap patterns: every clip's audio is unique."""
-    sentences = [c.words for c in sentence_clips()]
-    return [
-        synthesize_words(sentences[i % len(sentences)], gap_s=0.15 + 0.1 * (i // len(sentences)))
-        for i in range(count)
-    ]
 
 
 def test_32_concurrent_requests_each_match_their_clip(client, server):
@@ -217,7 +184,7 @@ def test_32_concurrent_requests_each_match_their_clip(client, server):
 def test_kv_cache_holds_32_full_length_requests(server, server_log_dir):
     """The KV cache serve sizes to the model holds max_num_seqs (32) requests of the model's full
     length at once, by vLLM's own count (its start-up line)."""
-    from conftest import SERVER_LOG
+    from tests.support.servers import SERVER_LOG
 
     log = server_log_dir / SERVER_LOG
     if not log.exists():
@@ -607,45 +574,10 @@ def test_size_limit_names_bytes(server):
     assert_openai_error(response, f"file is {limit + 1} bytes; at most {limit} bytes")
 
 
-def engine_counts(server: str) -> dict[str, float]:
-    """vLLM's own Prometheus gauges: requests in the engine (running and waiting)."""
-    text = httpx.get(f"{server}/metrics", timeout=30).text
-    counts = {}
-    for name in ("running", "waiting"):
-        values = re.findall(rf"^vllm:num_requests_{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
-        counts[name] = sum(float(value) for value in values)
-    return counts
-
-
-def disconnect_mid_request(base: str, audio: bytes) -> None:
-    """Posts ``audio`` for word timestamps and closes the connection once its windows are in the
-    engines (vLLM's running/waiting gauges), before the answer."""
-
-    async def post_then_disconnect() -> None:
-        async with httpx.AsyncClient(timeout=600) as http:
-            request = asyncio.ensure_future(
-                http.post(
-                    f"{base}/v1/audio/transcriptions",
-                    files={"file": ("long.wav", audio, "audio/wav")},
-                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-                )
-            )
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:  # until the windows are in the engines
-                counts = await asyncio.to_thread(engine_counts, base)
-                if counts["running"] + counts["waiting"] > 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert not request.done(), "the request finished before the client could leave"
-            request.cancel()  # closes the connection
-
-    asyncio.run(post_then_disconnect())
-
-
 def test_disconnect_aborts_and_frees_capture(server, server_log_dir):
     """A client that goes away while its windows are in the engine gets them aborted (the server says
     so in its log, and the engine empties) and its capture freed; without the abort they would run on."""
-    from conftest import SERVER_LOG
+    from tests.support.servers import SERVER_LOG
 
     clip = long_clip(MAX_AUDIO_S - 10.0)  # four 30 s windows: far longer to transcribe than the wait below
     log = server_log_dir / SERVER_LOG
@@ -777,7 +709,7 @@ def test_hostile_inputs_are_400s_never_500s(server, client):
 @pytest.fixture(scope="module")
 def narrow_server(model_dir, tmp_path_factory):
     """A server whose engine runs two requests at once: a few windows already make a long recording."""
-    from conftest import running_server
+    from tests.support.servers import running_server
 
     with running_server(model_dir, tmp_path_factory.mktemp("narrow"), args=["--max-num-seqs", "2"]) as base:
         yield base

@@ -9,7 +9,9 @@ import whisper
 from whisper.timing import find_alignment
 
 from vllm_whisper_align.engine.settings import CPU_ENCODER_WINDOWS_PER_STEP
-from vllm_whisper_align.runners.decoding import AlignmentInputError, FallbackOptions, plan_transcription
+from vllm_whisper_align.errors import AlignmentInputError
+from vllm_whisper_align.options import FallbackOptions, TranscriptionOptions
+from vllm_whisper_align.runners.decoding import plan_transcription
 
 # The capture's tests decode greedily (no temperature fallback): their subject is where the words
 # are, and the same text alone and in any batch. The fallback has tests of its own below.
@@ -17,11 +19,11 @@ GREEDY = {"compression_ratio_threshold": None, "logprob_threshold": None}
 
 
 def word_starts(result) -> np.ndarray:
-    return np.array([w["start"] for w in result["words"]])
+    return np.array([w.start for w in result.words])
 
 
 def word_ends(result) -> np.ndarray:
-    return np.array([w["end"] for w in result["words"]])
+    return np.array([w.end for w in result.words])
 
 
 def reference_words(reference, samples, text_tokens):
@@ -45,7 +47,7 @@ def test_forced_alignment_matches_openai_whisper(aligner, clips, reference):
         ref = [w for w in reference_words(reference, clip.samples, text_tokens)]
         ref_times = [(w.start, w.end) for w in ref]
         # Compare before punctuation merging and duration rules: the reference's raw words.
-        ours_raw = [(t["start"], t["end"]) for t in _raw_word_times(result, aligner)]
+        ours_raw = _raw_word_times(result, aligner)
         assert len(ours_raw) == len(ref_times)
         diffs += [
             abs(a - b)
@@ -60,25 +62,25 @@ def _raw_word_times(result, aligner):
     """Group our token times into the reference's raw words (split on spaces, eot closes)."""
     from vllm_whisper_align.align.words import split_to_word_tokens
 
-    ids = [t["id"] for t in result["tokens"]]
+    ids = [t.id for t in result.tokens]
     _, groups = split_to_word_tokens(
         ids + [aligner.tokens.eot], aligner.tokens.decode_with_special, aligner.tokens.eot, "en"
     )
     times, index = [], 0
     for group in groups[:-1]:
-        first, last = result["tokens"][index], result["tokens"][index + len(group) - 1]
-        times.append({"start": first["start"], "end": last["end"]})
+        first, last = result.tokens[index], result.tokens[index + len(group) - 1]
+        times.append((first.start, last.end))
         index += len(group)
     return times
 
 
 def test_transcription_word_starts_near_truth(aligner, clips):
     """>= 75% of word starts within 200 ms of where espeak-ng really spoke them."""
-    from speech import start_errors
+    from tests.support.speech import start_errors
 
     results = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
     errors = np.concatenate(
-        [start_errors(clip, result["words"]) for clip, result in zip(clips, results, strict=True)]
+        [start_errors(clip, result.words) for clip, result in zip(clips, results, strict=True)]
     )
     assert (errors <= 0.2).mean() >= 0.75, f"within 200 ms: {(errors <= 0.2).mean():.2%}"
 
@@ -86,11 +88,11 @@ def test_transcription_word_starts_near_truth(aligner, clips):
 def test_transcription_timings_agree_with_forced_alignment(aligner, clips):
     """Transcription lacks the reference's eot row in the normalisation; measure what that costs."""
     transcribed = aligner.transcribe([c.samples for c in clips], word_timestamps=True, **GREEDY)
-    token_ids = [[t["id"] for t in r["tokens"]] for r in transcribed]
+    token_ids = [[t.id for t in r.tokens] for r in transcribed]
     forced = aligner.align([c.samples for c in clips], token_ids=token_ids)
     diffs = np.concatenate(
         [
-            np.abs([t["start"] for t in a["tokens"]] - np.array([t["start"] for t in b["tokens"]]))
+            np.abs([t.start for t in a.tokens] - np.array([t.start for t in b.tokens]))
             for a, b in zip(transcribed, forced, strict=True)
         ]
     )
@@ -109,12 +111,12 @@ def test_batched_requests_match_each_alone(aligner, clips):
     assert aligner.capture_stats()["most_encoder_inputs_per_step"] == CPU_ENCODER_WINDOWS_PER_STEP
     plain = aligner.transcribe(samples, word_timestamps=False, **GREEDY)
     for single, together in zip(alone, batch[:4], strict=True):
-        assert single["text"] == together["text"]
+        assert single.text == together.text
         np.testing.assert_allclose(word_starts(single), word_starts(together), atol=0.02 + 1e-6)
         np.testing.assert_allclose(word_ends(single), word_ends(together), atol=0.02 + 1e-6)
     for without, with_words in zip(plain, batch, strict=True):
-        assert "words" not in without
-        assert without["text"] == with_words["text"]
+        assert without.words is None
+        assert without.text == with_words.text
 
 
 def test_mixed_alignment_in_one_generate_call(aligner, clips):
@@ -126,15 +128,15 @@ def test_mixed_alignment_in_one_generate_call(aligner, clips):
             language="en",
             word_timestamps=i % 2 == 0,
             suppress_tokens=aligner.suppress_tokens,
-            fallback=FallbackOptions(**GREEDY),
+            options=TranscriptionOptions(**GREEDY),
         )
         for i, c in enumerate(clips)
     ]
-    results = aligner._run(plans, use_tqdm=False)
+    results = aligner.run_plans(plans, use_tqdm=False)
     alone = aligner.transcribe([clips[0].samples, clips[2].samples], word_timestamps=True, **GREEDY)
     for result, single in zip([results[0], results[2]], alone, strict=True):
         np.testing.assert_allclose(word_starts(result), word_starts(single), atol=0.02 + 1e-6)
-    assert all("words" not in r for r in results[1::2])
+    assert all(r.words is None for r in results[1::2])
     assert aligner.capture_stats()["tracked"] == 0
 
 
@@ -149,7 +151,7 @@ def test_more_requests_than_max_num_seqs(aligner, clips):
     assert len(samples) > 2 * max_num_seqs
     for i, result in enumerate(results):
         first = results[i % len(clips)]
-        assert result["text"] == first["text"] and result["words"], i
+        assert result.text == first.text and result.words, i
         np.testing.assert_allclose(word_starts(result), word_starts(first), atol=0.02 + 1e-6)
     stats = aligner.capture_stats()
     assert stats["tracked"] == 0 and stats["parked"] == 0, stats
@@ -157,17 +159,17 @@ def test_more_requests_than_max_num_seqs(aligner, clips):
 
 
 def test_long_audio_has_absolute_monotonic_times(aligner):
-    from speech import long_clip, start_errors
+    from tests.support.speech import long_clip, start_errors
 
     clip = long_clip(65.0)
     result = aligner.transcribe([clip.samples], word_timestamps=True, **GREEDY)[0]
     starts = word_starts(result)
-    assert result["duration"] > 60
+    assert result.duration > 60
     assert starts[-1] > 55, "words after the first window carry absolute times"
     assert np.all(np.diff(starts) >= 0)
-    errors = start_errors(clip, result["words"])
+    errors = start_errors(clip, result.words)
     # No word lost or doubled at the joins: nearly every spoken word is heard once, no extras.
-    assert np.isfinite(errors).mean() >= 0.85 and len(result["words"]) <= len(clip.words) + 3
+    assert np.isfinite(errors).mean() >= 0.85 and len(result.words) <= len(clip.words) + 3
     assert (errors <= 0.2).mean() >= 0.75
 
 
@@ -206,8 +208,8 @@ def test_forced_alignment_rejects_what_does_not_fit(aligner, clips):
     # Over one window there is no 30 s refusal: text too short to tell is forced on both sides
     # of the cut (longform; a window's share over the context is refused in tests/test_longform.py).
     over_one_window = aligner.align([np.zeros(31 * 16000, dtype=np.float32)], ["hello"])[0]
-    assert [w["word"] for w in over_one_window["words"]] == [" hello"]
-    assert 0 <= over_one_window["words"][0]["start"] <= over_one_window["words"][0]["end"] <= 31
+    assert [w.word for w in over_one_window.words] == [" hello"]
+    assert 0 <= over_one_window.words[0].start <= over_one_window.words[0].end <= 31
     with pytest.raises(AlignmentInputError, match="token ids"):
         aligner.align([clips[0].samples], token_ids=[[aligner.tokens.eot + 5]])
 
@@ -220,9 +222,9 @@ def test_silence_and_noise_give_no_words(aligner):
     """openai-whisper's transcribe defaults give 2 words for 60 s of digital silence and none for
     60 s of white noise on these weights; nothing stays kept in the worker afterwards."""
     silence, noise = aligner.transcribe([SILENCE_60S, NOISE_60S], word_timestamps=True)
-    assert len(silence["words"]) <= 2, silence["text"]
-    assert noise["words"] == [] and noise["text"] == "", noise["text"]
-    assert silence["duration"] == pytest.approx(60.0)
+    assert len(silence.words) <= 2, silence.text
+    assert noise.words == [] and noise.text == "", noise.text
+    assert silence.duration == pytest.approx(60.0)
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 
@@ -234,12 +236,12 @@ def test_no_more_words_in_a_silent_tail_than_the_reference(aligner, clips, refer
     samples = np.concatenate([clip.samples, np.zeros(16000 * 60, dtype=np.float32)])
     result = aligner.transcribe([samples], word_timestamps=True)[0]
     spoken = [w.lower().strip(".,") for w in clip.words]
-    heard = [w["word"].lower().strip(" .,") for w in result["words"]]
-    assert len(set(spoken) & set(heard)) >= 0.75 * len(set(spoken)), result["text"]
+    heard = [w.word.lower().strip(" .,") for w in result.words]
+    assert len(set(spoken) & set(heard)) >= 0.75 * len(set(spoken)), result.text
     model, _ = reference
     theirs = whisper.transcribe(model, samples, word_timestamps=True, language="en", fp16=False)
     their_tail = [w for s in theirs["segments"] for w in s["words"] if w["start"] > clip.duration + 0.5]
-    our_tail = [w for w in result["words"] if w["start"] > clip.duration + 0.5]
+    our_tail = [w for w in result.words if w.start > clip.duration + 0.5]
     # One word of slack: our windows are cut at pauses, the reference seeks by its timestamp tokens.
     assert len(our_tail) <= max(len(their_tail), 1), (our_tail, their_tail)
 
@@ -262,12 +264,12 @@ def test_fallback_resubmits_only_the_failing_windows(aligner, clips, monkeypatch
     0.01) is decoded at every temperature of the schedule, the other only at 0. The failing window
     keeps its most likely attempt (all are "too repetitive" here, so the one of highest avg_logprob),
     only that attempt is aligned, and the captures of the others are freed."""
+    from vllm_whisper_align.options import temperature_schedule
     from vllm_whisper_align.runners import decoding
-    from vllm_whisper_align.runners.decoding import FallbackOptions, temperature_schedule
 
-    failing = FallbackOptions(compression_ratio_threshold=0.01)
+    failing = TranscriptionOptions(compression_ratio_threshold=0.01)
     plans = [
-        plan_transcription(clips[0].samples, aligner.tokens, language="en", fallback=failing),
+        plan_transcription(clips[0].samples, aligner.tokens, language="en", options=failing),
         plan_transcription(clips[1].samples, aligner.tokens, language="en"),
     ]
     attempts = {0: [], 1: []}  # per plan: (temperature, avg_logprob) of every attempt run
@@ -280,12 +282,12 @@ def test_fallback_resubmits_only_the_failing_windows(aligner, clips, monkeypatch
         return fall_back(plan, outputs, just_run)
 
     monkeypatch.setattr(decoding, "fall_back", recorded)
-    retried, kept = aligner._run(plans, use_tqdm=False)
+    retried, kept = aligner.run_plans(plans, use_tqdm=False)
     assert [t for t, _ in attempts[0]] == pytest.approx(list(temperature_schedule()))
     assert [t for t, _ in attempts[1]] == [0.0]
     likeliest = max(attempts[0], key=lambda attempt: attempt[1])[0]
-    assert retried["words"] and {s["temperature"] for s in retried["segments"]} == {likeliest}, retried
-    assert kept["words"] and {s["temperature"] for s in kept["segments"]} == {0.0}, kept
+    assert retried.words and {s.temperature for s in retried.segments} == {likeliest}, retried
+    assert kept.words and {s.temperature for s in kept.segments} == {0.0}, kept
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 
@@ -295,14 +297,12 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
     candidate openai-whisper's ranker prefers, each candidate run here on its own through
     LLM.generate with the same seed. The others' captures are freed."""
     from vllm_whisper_align.runners import decoding
-    from vllm_whisper_align.runners.decoding import FallbackOptions
 
-    sampled = FallbackOptions(temperatures=(1.0,), best_of=5)
     plan = plan_transcription(
         clips[2].samples,
         aligner.tokens,
         language="en",
-        fallback=sampled,
+        options=TranscriptionOptions(temperature=1.0, best_of=5),
         suppress_tokens=aligner.suppress_tokens,
     )
     candidates = plan.windows[0].candidates()
@@ -323,7 +323,7 @@ def test_sampled_window_keeps_the_likeliest_of_best_of_candidates(aligner, clips
         logprob_threshold=None,
         compression_ratio_threshold=None,
     )[0]
-    assert result["text"].strip() == texts[best], (texts, best)
+    assert result.text.strip() == texts[best], (texts, best)
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 
@@ -345,19 +345,20 @@ def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips
         return fall_back(plan, outputs, just_run)
 
     def plan(temperatures, compression_ratio_threshold):
-        options = FallbackOptions(
+        planned = plan_transcription(
+            clips[3].samples,
+            aligner.tokens,
+            language="en",
+            options=TranscriptionOptions(temperature=temperatures[0], sampling={"seed": 7}),
+            suppress_tokens=aligner.suppress_tokens,
+        )
+        # A schedule of the test's own (the options' always runs on to 1.0).
+        planned.fallback = FallbackOptions(
             temperatures=temperatures,
             logprob_threshold=None,
             compression_ratio_threshold=compression_ratio_threshold,
         )
-        return plan_transcription(
-            clips[3].samples,
-            aligner.tokens,
-            language="en",
-            sampling={"seed": 7},
-            fallback=options,
-            suppress_tokens=aligner.suppress_tokens,
-        )
+        return planned
 
     def cache_counts(before, after):
         return tuple(after[k] - before[k] for k in ("encoder_cache_misses", "encoder_cache_hits"))
@@ -365,10 +366,10 @@ def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips
     monkeypatch.setattr(decoding, "fall_back", recorded)
     aligner.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
     before = aligner.capture_stats()
-    aligner._run([plan((0.5,), None)], use_tqdm=False)  # the attempt alone, on a cold cache
+    aligner.run_plans([plan((0.5,), None)], use_tqdm=False)  # the attempt alone, on a cold cache
     middle = aligner.capture_stats()
     aligner.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
-    aligner._run([plan((0.0, 0.5), 0.01)], use_tqdm=False)  # greedy fails (any text > 0.01), then 0.5
+    aligner.run_plans([plan((0.0, 0.5), 0.01)], use_tqdm=False)  # greedy fails (any text > 0.01), then 0.5
     after = aligner.capture_stats()
     assert cache_counts(before, middle) == (1, 0) and cache_counts(middle, after) == (1, 1)
     (cold_t, cold_tokens, cold_logprob), (greedy_t, _, _), (retry_t, retry_tokens, retry_logprob) = attempts

@@ -17,7 +17,7 @@ import whisper
 from vllm_whisper_align.checkpoints import bundled, ct2
 
 try:
-    from reference import load_reference_model, reference_tokenizer
+    from tests.support.reference import load_reference_model, reference_tokenizer
 except ImportError:  # tests/ imported as a package
     from tests.reference import load_reference_model, reference_tokenizer
 

@@ -1,14 +1,14 @@
 import json
-import re
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from tests.support.subtitles import parse_srt, parse_vtt
+from vllm_whisper_align.align.results import Segment, TokenTiming, Transcript
+from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.formats.cues import format_timestamp
 from vllm_whisper_align.formats.responses import (
     EXTENSIONS,
-    SubtitleOptions,
-    format_timestamp,
     to_json,
     to_srt,
     to_text,
@@ -17,52 +17,7 @@ from vllm_whisper_align.formats.responses import (
     words_to_cues,
     write_result,
 )
-
-SRT_TIME = r"(\d{2}):(\d{2}):(\d{2}),(\d{3})"
-VTT_TIME = r"(?:(\d{2,}):)?(\d{2}):(\d{2})\.(\d{3})"
-
-
-def _seconds(match_groups) -> float:
-    hours, minutes, seconds, millis = (int(group or 0) for group in match_groups)
-    return hours * 3600 + minutes * 60 + seconds + millis / 1000
-
-
-def parse_srt(text: str) -> list[tuple[float, float, str]]:
-    """Strict tiny SRT reader: numbered cues from 1, one timing line, non-empty text."""
-    cues = []
-    for number, block in enumerate(text.strip("\n").split("\n\n"), start=1):
-        lines = block.split("\n")
-        assert lines[0] == str(number), f"cue number {lines[0]!r}, expected {number}"
-        timing = re.fullmatch(f"{SRT_TIME} --> {SRT_TIME}", lines[1])
-        assert timing, f"bad timing line {lines[1]!r}"
-        text_lines = lines[2:]
-        assert text_lines and all(line.strip() for line in text_lines), f"empty cue text in {block!r}"
-        cues.append((_seconds(timing.groups()[:4]), _seconds(timing.groups()[4:]), "\n".join(text_lines)))
-    _check_times(cues)
-    return cues
-
-
-def parse_vtt(text: str) -> list[tuple[float, float, str]]:
-    header, _, body = text.partition("\n")
-    assert header == "WEBVTT"
-    assert body == "" or body.startswith("\n"), "a blank line must follow the header"
-    cues = []
-    for block in filter(None, body.strip("\n").split("\n\n")):
-        lines = block.split("\n")
-        timing = re.fullmatch(f"{VTT_TIME} --> {VTT_TIME}", lines[0])
-        assert timing, f"bad timing line {lines[0]!r}"
-        assert lines[1:] and all(line.strip() for line in lines[1:]), f"empty cue text in {block!r}"
-        cues.append((_seconds(timing.groups()[:4]), _seconds(timing.groups()[4:]), "\n".join(lines[1:])))
-    _check_times(cues)
-    return cues
-
-
-def _check_times(cues):
-    for start, end, _ in cues:
-        assert 0 <= start <= end
-    starts = [start for start, _, _ in cues]
-    assert starts == sorted(starts), "cue start times must not go back"
-
+from vllm_whisper_align.options import SubtitleOptions
 
 WORDS = [
     ("The", 0.50, 0.71),
@@ -77,37 +32,29 @@ WORDS = [
 ]
 
 
-def make_result(with_segments=True, with_words=True, offset=0.0):
-    words = [
-        {"word": word, "start": start + offset, "end": end + offset, "probability": 0.9}
-        for word, start, end in WORDS
-    ]
+def make_result(with_segments=True, with_words=True, offset=0.0) -> Transcript:
+    words = [Word(start + offset, end + offset, word, 0.9) for word, start, end in WORDS]
     segments = [
         _segment(0, "The quick brown fox", 0.5 + offset, 2.4 + offset),
         _segment(1, "jumps over the lazy dog.", 2.6 + offset, 4.95 + offset),
     ]
-    return {
-        "text": " The quick brown fox jumps over the lazy dog.",
-        "language": "english",
-        "duration": 5.5 + offset,
-        "segments": segments if with_segments else [],
-        "words": words if with_words else None,
-    }
+    return Transcript(
+        "transcribe",
+        "english",
+        5.5 + offset,
+        " The quick brown fox jumps over the lazy dog.",
+        segments if with_segments else [],
+        words if with_words else None,
+    )
 
 
-def _segment(index, text, start, end):
-    return {
-        "id": index,
-        "seek": 0,
-        "start": start,
-        "end": end,
-        "text": " " + text,
-        "tokens": [50364, 440, 50400],
-        "temperature": 0.0,
-        "avg_logprob": -0.2,
-        "compression_ratio": 1.1,
-        "no_speech_prob": 0.01,
-    }
+def _segment(index, text, start, end) -> Segment:
+    return Segment(index, 0, start, end, " " + text, [50364, 440, 50400], 0.0, -0.2, 1.1, 0.01)
+
+
+def _words(*triples) -> list[Word]:
+    """Words from (text, start, end)."""
+    return [Word(start, end, word, 0.9) for word, start, end in triples]
 
 
 @pytest.mark.parametrize(
@@ -168,48 +115,44 @@ def test_word_granularity_without_words_falls_back_to_segments():
 
 
 def test_text_only_result_gives_one_cue():
-    result = {"text": " Hello there.", "language": "en", "duration": 3.2, "segments": [], "words": None}
+    result = Transcript("transcribe", "en", 3.2, " Hello there.", [])
     assert parse_srt(to_srt(result)) == [(0.0, 3.2, "Hello there.")]
 
 
 def test_empty_result():
-    result = {"text": "", "language": "en", "duration": 1.0, "segments": [], "words": None}
+    result = Transcript("transcribe", "en", 1.0, "", [])
     assert to_srt(result) == ""
     assert parse_vtt(to_vtt(result)) == []
     assert to_text(result) == "\n"
 
 
 def test_words_to_cues_limits():
-    words = [{"word": f"w{index:02d}", "start": index * 0.5, "end": index * 0.5 + 0.3} for index in range(60)]
+    words = _words(*((f"w{index:02d}", index * 0.5, index * 0.5 + 0.3) for index in range(60)))
     cues = words_to_cues(words)
-    assert " ".join(cue.text for cue in cues).split() == [word["word"] for word in words]
+    assert " ".join(cue.text for cue in cues).split() == [word.word for word in words]
     for cue in cues:
         assert len(cue.text) <= 42
         assert cue.end - cue.start <= 7.0
 
 
 def test_words_to_cues_time_limit_and_long_word():
-    words = [
-        {"word": "slow", "start": 0.0, "end": 1.0},
-        {"word": "words", "start": 6.5, "end": 7.5},  # would make the line 7.5 s
-        {"word": "x" * 50, "start": 8.0, "end": 9.0},  # alone over 42 characters
-        {"word": "end", "start": 9.5, "end": 9.8},
-    ]
+    words = _words(
+        ("slow", 0.0, 1.0),
+        ("words", 6.5, 7.5),  # would make the line 7.5 s
+        ("x" * 50, 8.0, 9.0),  # alone over 42 characters
+        ("end", 9.5, 9.8),
+    )
     assert [cue.text for cue in words_to_cues(words)] == ["slow", "words", "x" * 50, "end"]
 
 
 def test_words_to_cues_keeps_whisper_leading_spaces():
-    words = [
-        {"word": " Hel", "start": 0.0, "end": 0.2},
-        {"word": "lo", "start": 0.2, "end": 0.4},
-        {"word": " world", "start": 0.5, "end": 0.9},
-    ]
+    words = _words((" Hel", 0.0, 0.2), ("lo", 0.2, 0.4), (" world", 0.5, 0.9))
     assert [cue.text for cue in words_to_cues(words)] == ["Hello world"]
 
 
 def test_cue_text_cannot_break_timing_line():
     result = make_result(with_words=False)
-    result["segments"][0]["text"] = " a --> b\nsecond line"
+    result.segments[0].text = " a --> b\nsecond line"
     cues = parse_srt(to_srt(result))
     assert cues[0][2] == "a -> b second line"
 
@@ -228,22 +171,17 @@ def test_verbose_json():
     assert set(body["segments"][0]) >= {"id", "seek", "tokens", "no_speech_prob"}
     assert [word["word"] for word in body["words"]][:2] == ["The", "quick"]
     assert "words" not in json.loads(to_verbose_json(make_result(with_words=False)))
-    extra = make_result()
-    extra["tokens"] = [{"token": "The", "start": 0.5, "end": 0.71}]
-    assert json.loads(to_verbose_json(extra))["tokens"] == extra["tokens"]
+    timed = make_result()
+    timed.tokens = [TokenTiming(440, " The", 0.5, 0.71, 0.9)]
+    assert json.loads(to_verbose_json(timed))["tokens"] == [
+        {"id": 440, "text": " The", "start": 0.5, "end": 0.71, "probability": 0.9}
+    ]
 
 
-def test_verbose_json_accepts_dataclasses_and_numpy():
-    @dataclass
-    class Word:
-        word: str
-        start: float
-        end: float
-        probability: float
-
+def test_verbose_json_takes_numpy_numbers():
     result = make_result(with_segments=False)
-    result["words"] = [Word("Hi", np.float32(0.5), np.float64(0.75), np.float32(0.5))]
-    result["duration"] = np.float64(1.0)
+    result.words = [Word(np.float32(0.5), np.float64(0.75), "Hi", np.float32(0.5))]
+    result.duration = np.float64(1.0)
     body = json.loads(to_verbose_json(result))
     assert body["words"] == [{"word": "Hi", "start": 0.5, "end": 0.75, "probability": 0.5}]
     assert parse_srt(to_srt(result, "word")) == [(0.5, 0.75, "Hi")]
@@ -326,11 +264,14 @@ def test_line_controls_lay_out_cues_as_openai_whisper(seed, options):
     """Our result shape (OpenAI's: words at the top level, segments without words) gives the cues
     openai-whisper's SRT writer gives for the same words in its shape."""
     segments = _spoken_segments(seed)
-    ours_input = {
-        "text": "",
-        "segments": [{"start": ws[0]["start"], "end": ws[-1]["end"], "text": "x"} for ws in segments],
-        "words": [dict(w, word=w["word"].strip()) for ws in segments for w in ws],  # OpenAI's unspaced words
-    }
+    ours_input = Transcript(
+        "transcribe",
+        "en",
+        0.0,
+        "",
+        [_segment(k, "x", ws[0]["start"], ws[-1]["end"]) for k, ws in enumerate(segments)],
+        [Word(w["start"], w["end"], w["word"].strip(), 0.9) for ws in segments for w in ws],  # unspaced words
+    )
     ours = parse_srt(to_srt(ours_input, "segment", SubtitleOptions(**options)))
     reference = parse_srt(_reference_srt(segments, **options))
     assert ours == reference

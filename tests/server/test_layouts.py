@@ -29,16 +29,21 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import SERVER_LOG, _free_port, running_server, server_environment, stop_process
-from speech import long_clip
-from test_server import (
+
+from tests.support.servers import (
     MAX_GUESSES,
+    SERVER_LOG,
     disconnect_mid_request,
     distinct_clips,
     engine_counts,
+    free_port,
     is_guess,
+    running_server,
+    server_environment,
+    stop_process,
     wav_bytes,
 )
+from tests.support.speech import long_clip
 
 # Each sent twice in the burst: transcribed, and aligned to its text. Eight different sentences:
 # an answer swapped between requests would fail the text comparison.
@@ -101,7 +106,7 @@ def layout(request, model_dir, tmp_path_factory):
                 "--data-parallel-address",
                 "127.0.0.1",
                 "--data-parallel-rpc-port",
-                str(_free_port()),
+                str(free_port()),
             ]
             stack.enter_context(
                 headless_engine(

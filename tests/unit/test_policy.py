@@ -9,14 +9,12 @@ import pytest
 from transformers import AutoTokenizer
 from whisper.transcribe import transcribe as reference_transcribe
 
+from vllm_whisper_align.align.results import WindowOutput
+from vllm_whisper_align.errors import AlignmentInputError, OptionError
+from vllm_whisper_align.longform.steps import check_method
+from vllm_whisper_align.options import FallbackOptions, TranscriptionOptions, temperature_schedule
 from vllm_whisper_align.runners import decoding
-from vllm_whisper_align.runners.decoding import (
-    FallbackOptions,
-    WindowOutput,
-    fall_back,
-    is_silent,
-    needs_fallback,
-)
+from vllm_whisper_align.runners.decoding import fall_back, is_silent, needs_fallback
 from vllm_whisper_align.tokens import WhisperTokens
 
 
@@ -37,8 +35,8 @@ def test_defaults_are_the_references():
 @pytest.mark.parametrize("start", [0.0, 0.1, 0.5, 1.0])
 def test_schedule_is_the_reference_clis(start):
     """openai-whisper's CLI: np.arange(temperature, 1.0 + 1e-6, temperature_increment_on_fallback)."""
-    assert decoding.temperature_schedule(start) == pytest.approx(tuple(np.arange(start, 1.0 + 1e-6, 0.2)))
-    assert decoding.temperature_schedule(1.5) == (1.5,)
+    assert temperature_schedule(start) == pytest.approx(tuple(np.arange(start, 1.0 + 1e-6, 0.2)))
+    assert temperature_schedule(1.5) == (1.5,)
 
 
 @pytest.mark.parametrize("ratio", [1.0, 3.0])
@@ -106,8 +104,8 @@ def test_when_every_temperature_fails_the_most_likely_attempt_stays(tokens):
 @pytest.mark.parametrize("best_of", [1, 5])
 def test_sampled_attempts_run_best_of_candidates_with_their_own_seeds_and_keys(tokens, best_of):
     samples = np.zeros(16000 * 20, dtype=np.float32)
-    fallback = FallbackOptions(best_of=best_of)
-    plan = decoding.plan_transcription(samples, tokens, language="en", fallback=fallback)
+    options = TranscriptionOptions(best_of=best_of)
+    plan = decoding.plan_transcription(samples, tokens, language="en", options=options)
     assert plan.windows[0].candidates() == (plan.windows[0],)  # greedy: one
     fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     candidates = plan.windows[0].candidates()
@@ -125,7 +123,8 @@ def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
     from whisper.decoding import MaximumLikelihoodRanker
 
     samples = np.zeros(16000 * 20, dtype=np.float32)
-    plan = decoding.plan_transcription(samples, tokens, language="en", fallback=FallbackOptions(best_of=3))
+    options = TranscriptionOptions(best_of=3)
+    plan = decoding.plan_transcription(samples, tokens, language="en", options=options)
     fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     window = plan.windows[0]
     # (text token logprobs, eot logprob): a short confident text, a long one, a short improbable one.
@@ -152,8 +151,8 @@ def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
 
 def test_best_of_is_checked():
     for best_of in (0, 21, 2.5):
-        with pytest.raises(ValueError, match="best_of"):
-            FallbackOptions(best_of=best_of).validate()
+        with pytest.raises(OptionError, match="best_of"):
+            TranscriptionOptions.of(best_of=best_of)
 
 
 def test_no_speech_row_is_after_the_previous_text(tokens):
@@ -166,14 +165,14 @@ def test_no_speech_row_is_after_the_previous_text(tokens):
 
 
 def test_bad_options_are_refused(tokens):
-    for options in (
-        FallbackOptions(no_speech_threshold=1.5),
-        FallbackOptions(logprob_threshold=float("nan")),
-        FallbackOptions(compression_ratio_threshold=-1),
-        FallbackOptions.starting_at(-0.2),
+    for name, value in (
+        ("no_speech_threshold", 1.5),
+        ("logprob_threshold", float("nan")),
+        ("compression_ratio_threshold", -1),
+        ("temperature", -0.2),
     ):
-        with pytest.raises(ValueError):
-            options.validate()
+        with pytest.raises(OptionError, match=name):
+            TranscriptionOptions.of(**{name: value})
 
 
 def test_characters_force_one_token_per_character(tokens):
@@ -191,17 +190,18 @@ def test_characters_force_one_token_per_character(tokens):
 
 
 def test_characters_are_for_forced_alignment_of_one_window(tokens):
-    from vllm_whisper_align import longform
-
-    with pytest.raises(ValueError, match="forced alignment"):
+    with pytest.raises(OptionError, match="forced alignment"):
         decoding.plan_transcription(
-            np.zeros(16000, dtype=np.float32), tokens, language="en", alignment_method="characters"
+            np.zeros(16000, dtype=np.float32),
+            tokens,
+            language="en",
+            options=TranscriptionOptions(alignment_method="characters"),
         )
-    with pytest.raises(decoding.AlignmentInputError, match="at most 30 s"):
-        longform.check_method("characters")
-    longform.check_method("auto")
+    with pytest.raises(OptionError, match="at most one window"):
+        check_method("characters")
+    check_method("auto")
     too_long = "word " * 300  # 1500 characters: over the decoder's 448 tokens
-    with pytest.raises(decoding.AlignmentInputError, match="characters; at most"):
+    with pytest.raises(AlignmentInputError, match="characters; at most"):
         decoding.plan_alignment(
             np.zeros(16000 * 20, dtype=np.float32), tokens, text=too_long, alignment_method="characters"
         )

@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from speech import synthesize_words
 
+from tests.support.speech import synthesize_words
 from vllm_whisper_align.align.boundaries import extend_ends, refine_starts, snap_to_speech, starts_quietly
-from vllm_whisper_align.align.words import WordTiming
+from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.audio.features import SpectralFlux, speech_frames
 
 
@@ -30,9 +30,9 @@ def test_speech_mask_with_noise_still_finds_the_gap():
 def test_snap_moves_boundaries_out_of_silence_only():
     speech = np.array([0] * 25 + [1] * 20 + [0] * 10 + [1] * 20, dtype=bool)  # 20 ms frames
     words = [
-        WordTiming(" a", [1], 0.0, 0.9, 1.0),  # silent 0.0-0.5, sound 0.5-0.9
-        WordTiming(" b", [2], 0.9, 1.5, 1.0),  # silent 0.9-1.1, sound 1.1-1.5
-        WordTiming(" c", [3], 1.2, 1.3, 1.0),  # all sound: unchanged
+        Word(0.0, 0.9, " a", 1.0, [1]),  # silent 0.0-0.5, sound 0.5-0.9
+        Word(0.9, 1.5, " b", 1.0, [2]),  # silent 0.9-1.1, sound 1.1-1.5
+        Word(1.2, 1.3, " c", 1.0, [3]),  # all sound: unchanged
     ]
     snap_to_speech(words, speech, offset=10.0 - 10.0)
     assert (words[0].start, words[0].end) == (0.5, 0.9)
@@ -42,8 +42,8 @@ def test_snap_moves_boundaries_out_of_silence_only():
 
 def test_snap_leaves_words_over_pure_silence_and_respects_offset():
     speech = np.array([0] * 10 + [1] * 10, dtype=bool)
-    silent = WordTiming(" x", [1], 30.0, 30.1, 1.0)
-    late = WordTiming(" y", [2], 30.1, 30.4, 1.0)
+    silent = Word(30.0, 30.1, " x", 1.0, [1])
+    late = Word(30.1, 30.4, " y", 1.0, [2])
     snap_to_speech([silent, late], speech, offset=30.0)
     assert (silent.start, silent.end) == (30.0, 30.1)
     assert (late.start, late.end) == (30.2, 30.4)
@@ -52,8 +52,8 @@ def test_snap_leaves_words_over_pure_silence_and_respects_offset():
 def test_neighbour_sound_skips_the_previous_and_next_words_tails():
     # sound 0.0-0.4 (the word before), silence 0.4-0.7, the word 0.7-1.1, silence 1.1-1.3, next word
     speech = np.array([1] * 20 + [0] * 15 + [1] * 20 + [0] * 10 + [1] * 20, dtype=bool)
-    plain = WordTiming(" w", [1], 0.3, 1.4, 1.0)
-    sharp = WordTiming(" w", [1], 0.3, 1.4, 1.0)
+    plain = Word(0.3, 1.4, " w", 1.0, [1])
+    sharp = Word(0.3, 1.4, " w", 1.0, [1])
     snap_to_speech([plain], speech, 0.0)
     snap_to_speech([sharp], speech, 0.0, neighbour_sound=True)
     assert (plain.start, plain.end) == (0.3, 1.4)  # trimmed only to the sound it covers
@@ -62,7 +62,7 @@ def test_neighbour_sound_skips_the_previous_and_next_words_tails():
 
 def test_neighbour_sound_keeps_a_word_that_is_only_sound_then_silence():
     speech = np.array([1] * 20 + [0] * 20, dtype=bool)
-    word = WordTiming(" w", [1], 0.1, 0.6, 1.0)
+    word = Word(0.1, 0.6, " w", 1.0, [1])
     snap_to_speech([word], speech, 0.0, neighbour_sound=True)
     assert (word.start, word.end) == (0.1, 0.4)
 
@@ -79,10 +79,10 @@ def _rises(onsets: np.ndarray) -> SpectralFlux:
 
 def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
     speech = np.ones(150, dtype=bool)
-    word = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    word = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([word], _rises(_onsets_with_peak_at(1.04)), speech, 0.0, 0.01)
     assert word.start == 1.04
-    far = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    far = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([far], _rises(_onsets_with_peak_at(1.2)), speech, 0.0, 0.01)  # beyond ONSET_SEARCH_S
     assert far.start == 1.0  # nothing stronger in reach: it stays
 
@@ -91,11 +91,11 @@ def test_refine_weighs_onsets_by_their_distance():
     speech = np.ones(150, dtype=bool)
     onsets = _onsets_with_peak_at(1.1)  # a strong onset 100 ms on (5.0)
     onsets[103] = 1.0  # and a weak one next to the start
-    strong = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    strong = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([strong], _rises(onsets), speech, 0.0, 0.01)
     assert strong.start == 1.1
     onsets[102], onsets[110], onsets[111] = 3.0, 0.1, 3.5  # strong close, a little stronger far
-    near = WordTiming(" w", [1], 1.0, 1.5, 1.0)
+    near = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([near], _rises(onsets), speech, 0.0, 0.01)
     assert near.start == 1.02
 
@@ -127,28 +127,28 @@ def test_a_quiet_start_takes_the_fall_and_a_loud_one_the_rise():
     rises[106] = 2.0  # a rise 60 ms after the start (a burst)
     falls[96] = 2.0  # a fall as strong, 40 ms before it (the sound before the closure ends)
     flux = SpectralFlux(rises, falls)
-    stop = WordTiming(" to", [1], 1.0, 1.5, 1.0)
+    stop = Word(1.0, 1.5, " to", 1.0, [1])
     refine_starts([stop], flux, speech, 0.0, 0.01)
     assert stop.start == 0.96
-    vowel = WordTiming(" a", [1], 1.0, 1.5, 1.0)
+    vowel = Word(1.0, 1.5, " a", 1.0, [1])
     refine_starts([vowel], flux, speech, 0.0, 0.01)
     assert vowel.start == 1.06
 
 
 def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
     speech = np.array([0] * 50 + [1] * 100, dtype=bool)
-    after_silence = WordTiming(" a", [1], 1.0, 1.5, 1.0)
+    after_silence = Word(1.0, 1.5, " a", 1.0, [1])
     refine_starts([after_silence], _rises(_onsets_with_peak_at(1.05)), speech, 0.0, 0.01)
     assert after_silence.start == 1.0
     speech = np.ones(150, dtype=bool)
-    first, second = WordTiming(" a", [1], 0.5, 1.0, 1.0), WordTiming(" b", [2], 1.02, 1.5, 1.0)
+    first, second = Word(0.5, 1.0, " a", 1.0, [1]), Word(1.02, 1.5, " b", 1.0, [2])
     refine_starts([first, second], _rises(_onsets_with_peak_at(0.97)), speech, 0.0, 0.01)
     assert second.start >= 1.0
 
 
 def test_refine_respects_the_offset():
     speech = np.ones(150, dtype=bool)
-    word = WordTiming(" w", [1], 31.0, 31.5, 1.0)
+    word = Word(31.0, 31.5, " w", 1.0, [1])
     refine_starts([word], _rises(_onsets_with_peak_at(0.97)), speech, 30.0, 0.01)
     assert word.start == 30.97
 
@@ -156,8 +156,8 @@ def test_refine_respects_the_offset():
 def test_extend_ends_runs_an_end_inside_sound_on_to_the_pause():
     # word 0.0-0.6 of sound, pause 0.6-0.9, next word from 0.9
     speech = np.array([1] * 30 + [0] * 15 + [1] * 20, dtype=bool)
-    early = WordTiming(" a", [1], 0.0, 0.4, 1.0)
-    following = WordTiming(" b", [2], 0.9, 1.3, 1.0)
+    early = Word(0.0, 0.4, " a", 1.0, [1])
+    following = Word(0.9, 1.3, " b", 1.0, [2])
     extend_ends([early, following], speech, 0.0)
     assert early.end == 0.6 and following.end == 1.3  # the last word runs to its sound's end
 
@@ -166,22 +166,22 @@ def test_extend_ends_runs_on_through_a_quiet_tail_that_stops_before_the_next_wor
     # word 0.0-0.6 loud, its quiet tail 0.6-0.68, silence, next word from 0.9
     speech = np.array([1] * 30 + [0] * 15 + [1] * 20, dtype=bool)
     sound = np.array([1] * 34 + [0] * 11 + [1] * 20, dtype=bool)
-    word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.9, 1.3, 1.0)
+    word, following = Word(0.0, 0.4, " a", 1.0, [1]), Word(0.9, 1.3, " b", 1.0, [2])
     extend_ends([word, following], speech, 0.0, sound=sound)
     assert word.end == 0.68
     for tail in (15, 12):  # sound up to the next word, or on for longer than TAIL_MAX_S: no tail to end
         sound = np.array([1] * (30 + tail) + [0] * (15 - tail) + [1] * 20, dtype=bool)
-        word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.9, 1.3, 1.0)
+        word, following = Word(0.0, 0.4, " a", 1.0, [1]), Word(0.9, 1.3, " b", 1.0, [2])
         extend_ends([word, following], speech, 0.0, sound=sound)
         assert word.end == 0.6, tail
 
 
 def test_extend_ends_keeps_ends_in_continuous_speech_and_after_sound():
     speech = np.ones(60, dtype=bool)
-    word, following = WordTiming(" a", [1], 0.0, 0.4, 1.0), WordTiming(" b", [2], 0.4, 0.8, 1.0)
+    word, following = Word(0.0, 0.4, " a", 1.0, [1]), Word(0.4, 0.8, " b", 1.0, [2])
     extend_ends([word, following], speech, 0.0)
     assert word.end == 0.4  # no pause before the next word: nothing to extend to
     speech = np.array([1] * 10 + [0] * 50, dtype=bool)
-    quiet_end = WordTiming(" a", [1], 0.0, 0.5, 1.0)
+    quiet_end = Word(0.0, 0.5, " a", 1.0, [1])
     extend_ends([quiet_end], speech, 0.0)
     assert quiet_end.end == 0.5  # ends in silence already

@@ -1,0 +1,375 @@
+"""The one engine driver: a request's work as a generator of commands, which both runners carry out.
+
+A driver (:func:`transcription`, :func:`alignment`) plans its windows, then yields what it needs done
+and is sent the answer: :class:`Generate` (engine requests → their final outputs), :class:`NoSpeech`
+(no-speech probabilities from the workers), :class:`Fetch` (captured attention), :class:`Discard`
+(captures no longer needed) and :class:`Compute` (NumPy and numba work, off an event loop). It does
+no I/O itself, so the temperature fallback, best-of candidates, the discarding of superseded captures
+and long-form alignment's steps are written once: :mod:`.offline` carries the commands out over
+``vllm.LLM`` (all inputs of a call in lockstep: one ``generate`` call per round), :mod:`.service`
+over the server's ``engine_client`` (each request's windows concurrently).
+
+:func:`together` runs several drivers as one, merging their commands of a kind into one command:
+the offline API's inputs, and the jobs of one long-form step.
+
+A runner answers a command that fails by throwing the error into the driver. "No capture on this
+engine" (``errors.NoCaptureError``) is answered once, here: no window counts as silence without
+no-speech probabilities, and word timings asked of such an engine fail the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from vllm import SamplingParams
+
+from vllm_whisper_align.align.results import Transcript, finish
+from vllm_whisper_align.audio.decode import SpilledSamples
+from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
+from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
+from vllm_whisper_align.errors import InputError, NoCaptureError
+from vllm_whisper_align.longform.steps import Force, Hear, Job, advance, alignment_steps
+from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
+from vllm_whisper_align.protocol import NO_CAPTURE_MESSAGE, AlignmentRequest
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.tokens import WhisperTokens
+
+# ---------------------------------------------------------------------------- commands
+
+
+@dataclass
+class EngineRequest:
+    """One request for the engine: a prompt, its sampling parameters, a name unique within the driver
+    (the server's request id ends with it), and the capture keys the workers keep for it."""
+
+    prompt: Any
+    sampling_params: SamplingParams
+    name: str
+    capture_keys: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Generate:
+    """Run ``requests`` (concurrently); answer: each one's final ``RequestOutput``, in order."""
+
+    requests: list[EngineRequest]
+
+
+@dataclass
+class NoSpeech:
+    """The workers' no-speech probabilities under ``keys``; answer: their answers (dicts)."""
+
+    keys: list[str]
+
+
+@dataclass
+class Fetch:
+    """The captured attention of finished requests; answer: the workers' answers (dicts)."""
+
+    requests: list[AlignmentRequest]
+
+
+@dataclass
+class Discard:
+    """Drop what the workers keep under ``keys``; answer: None."""
+
+    keys: list[str]
+
+
+@dataclass
+class Compute:
+    """Call ``functions`` (NumPy and numba work that releases the GIL), in parallel threads where the
+    runner can; answer: their results, in order."""
+
+    functions: list[Callable[[], Any]]
+
+
+Command = Generate | NoSpeech | Fetch | Discard | Compute
+# A driver: yields commands, is sent their answers, returns its result.
+Driver = Generator[Command, Any, Any]
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the drivers need to know of the engine they run on."""
+
+    tokens: WhisperTokens
+    # generation_config's suppress_tokens (decoding.suppressed_tokens).
+    suppress_tokens: tuple[int, ...] = ()
+    # Multilingual models only (decoding.LanguageDetection).
+    language_detection: decoding.LanguageDetection | None = None
+
+
+# ---------------------------------------------------------------------------- one plan
+
+
+def run_plan(plan: decoding.Plan, tokens: WhisperTokens) -> Generator[Command, Any, Transcript]:
+    """A plan's windows through the engine: every window, then those that fall back to the next
+    temperature, together; superseded and unkept captures discarded; the kept windows' captures
+    fetched and finished into a transcript."""
+    outputs: list[decoding.WindowOutput | None] = [None] * len(plan.windows)
+    pending = list(range(len(plan.windows)))
+    while pending:
+        yield from _generate_windows(plan, outputs, pending, tokens)
+        pending, superseded = decoding.fall_back(plan, outputs, pending)
+        yield from _discard(superseded)
+    # Windows dropped as silence are never aligned: their captures go.
+    yield from _discard(decoding.dropped_keys(plan, outputs))
+    requests = decoding.alignment_requests(plan, outputs)
+    fetched = (yield Fetch(requests)) if requests else []
+    decoded = plan.decoded(outputs)
+    [transcript] = yield Compute([lambda: finish(decoded, fetched, tokens, plan.info)])
+    return transcript
+
+
+def _generate_windows(
+    plan: decoding.Plan, outputs: list, pending: list[int], tokens: WhisperTokens
+) -> Generator[Command, Any, None]:
+    """Runs the windows ``pending`` names (every candidate of each) and stores, in ``plan`` and
+    ``outputs``, the candidate kept of each and its output."""
+    windows = [plan.windows[i] for i in pending]
+    runs = [candidate for window in windows for candidate in window.candidates()]
+    names = [
+        f"{i}-{plan.windows[i].attempt}-{j}"
+        for i in pending
+        for j in range(len(plan.windows[i].candidates()))
+    ]
+    finals = yield Generate(
+        [
+            EngineRequest(r.engine_prompt(), r.sampling_params, name, r.capture_keys())
+            for r, name in zip(runs, names, strict=True)
+        ]
+    )
+    keys = decoding.no_speech_keys(runs)
+    try:
+        answers = (yield NoSpeech(keys)) if keys else []
+    except NoCaptureError:
+        answers = []  # no window counts as silence
+    probs = decoding.no_speech_probs(runs, answers)
+    run_outputs = [
+        decoding.window_output(run, final, tokens, prob)
+        for run, final, prob in zip(runs, finals, probs, strict=True)
+    ]
+    kept, kept_outputs, dropped = decoding.keep_best(windows, run_outputs)
+    for index, window, output in zip(pending, kept, kept_outputs, strict=True):
+        plan.windows[index], outputs[index] = window, output
+    yield from _discard(dropped)
+
+
+def _discard(keys: list[str]) -> Generator[Command, Any, None]:
+    if keys:
+        yield Discard(keys)
+
+
+# ---------------------------------------------------------------------------- requests
+
+
+def needs_windows(samples: np.ndarray | SpilledSamples) -> bool:
+    """Forced alignment of audio over one window goes through long-form alignment; one window keeps
+    the exact single pass."""
+    return len(samples) > N_SAMPLES
+
+
+def detect_language(samples: np.ndarray | SpilledSamples, facts: EngineFacts) -> Generator[Command, Any, str]:
+    prompt, params = facts.language_detection.request(samples)
+    [final] = yield Generate([EngineRequest(prompt, params, "lang")])
+    return facts.language_detection.language(final.outputs[0].token_ids)
+
+
+def transcription(
+    samples: np.ndarray | SpilledSamples,
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    task: str = "transcribe",
+    word_timestamps: bool = True,
+    prompt: str | None = None,
+    options: TranscriptionOptions | None = None,
+) -> Generator[Command, Any, Transcript]:
+    """One input transcribed (or translated): its language detected where none is given (multilingual
+    models), its windows decoded with openai-whisper's fallback, their words timed."""
+    facts.tokens.check_language(language, task)
+    if language is None and facts.language_detection is not None and len(samples):
+        language = yield from detect_language(samples, facts)
+    plan = decoding.plan_transcription(
+        samples,
+        facts.tokens,
+        language=language,
+        task=task,
+        word_timestamps=word_timestamps,
+        prompt=prompt,
+        options=options,
+        suppress_tokens=facts.suppress_tokens,
+    )
+    return (yield from run_plan(plan, facts.tokens))
+
+
+def alignment(
+    samples: np.ndarray | SpilledSamples,
+    facts: EngineFacts,
+    *,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    language: str | None = None,
+    options: AlignmentOptions | None = None,
+) -> Generator[Command, Any, Transcript]:
+    """Forced alignment of a text (or token ids) to audio of any length: one window in one pass, longer
+    audio window by window (``longform``)."""
+    options = options or AlignmentOptions()
+    tokens = facts.tokens
+    tokens.check_language(language)
+    if not needs_windows(samples):
+        plan = decoding.plan_alignment(
+            samples,
+            tokens,
+            text=text,
+            token_ids=token_ids,
+            language=language,
+            alignment_method=options.alignment_method,
+        )
+        return (yield from run_plan(plan, tokens))
+    language = language or "en"
+    given = decoding.text_to_tokens(text, token_ids, tokens)
+    steps = alignment_steps(
+        audible_windows(samples),
+        given,
+        tokens,
+        language,
+        len(samples) / SAMPLE_RATE,
+        options.alignment_method,
+    )
+    transcripts = None
+    while True:
+        # The text matching between steps is NumPy work of up to seconds (30k words).
+        [(step, done)] = yield Compute([lambda answers=transcripts: advance(steps, answers)])
+        if step is None:
+            return done
+        name, jobs = step
+        plans = [_job_plan(job, facts, language, options) for job in jobs]
+        transcripts = yield from together([run_plan(plan, tokens) for plan in plans], prefix=name)
+
+
+def _job_plan(job: Job, facts: EngineFacts, language: str, options: AlignmentOptions) -> decoding.Plan:
+    if isinstance(job, Hear):
+        return decoding.plan_hearing(job.audio, facts.tokens, language, facts.suppress_tokens, job.max_tokens)
+    assert isinstance(job, Force)
+    return decoding.plan_alignment(
+        AudioChunk.whole(job.audio),
+        facts.tokens,
+        token_ids=job.token_ids,
+        language=language,
+        alignment_method=options.alignment_method,
+        report_ranks=True,
+    )
+
+
+# ---------------------------------------------------------------------------- several as one
+
+# The order in which one round's commands are carried out: what frees the workers' memory first.
+ROUND_ORDER = (Discard, NoSpeech, Fetch, Generate, Compute)
+
+
+def together(drivers: Sequence[Driver], prefix: str = "") -> Generator[Command, Any, list]:
+    """``drivers`` run as one: each round, every unfinished driver's command, those of a kind merged
+    into one command (engine requests renamed ``{prefix}{k}.{name}`` after their driver ``k``); returns
+    every driver's result, in order. A merged command that fails is thrown into each driver that
+    asked it."""
+    results: list[Any] = [None] * len(drivers)
+    commands: dict[int, Command] = {}
+    for k in range(len(drivers)):
+        _step(drivers, k, None, None, commands, results)
+    while commands:
+        answers: dict[int, Any] = {}
+        errors: dict[int, BaseException] = {}
+        for kind in ROUND_ORDER:
+            asking = [k for k, command in commands.items() if isinstance(command, kind)]
+            if not asking:
+                continue
+            merged, spans = _merge(kind, [commands[k] for k in asking], asking, prefix)
+            try:
+                answer = yield merged
+            except Exception as error:  # the runner's answer to this command: for each driver
+                errors.update((k, error) for k in asking)
+                continue
+            for k, (lo, hi) in zip(asking, spans, strict=True):
+                answers[k] = None if answer is None else answer[lo:hi]
+        pending = dict(commands)
+        commands.clear()
+        for k in pending:
+            _step(drivers, k, answers.get(k), errors.get(k), commands, results)
+    return results
+
+
+def _step(drivers, k: int, answer: Any, error: BaseException | None, commands: dict, results: list) -> None:
+    """Sends driver ``k`` its answer (or throws its error) and keeps its next command, or its result."""
+    try:
+        commands[k] = drivers[k].throw(error) if error is not None else drivers[k].send(answer)
+    except StopIteration as done:
+        results[k] = done.value
+
+
+def _merge(kind: type, commands: list[Command], owners: list[int], prefix: str) -> tuple[Command, list]:
+    """One command of ``kind`` made of ``commands``, and the span of the merged answer each one's is."""
+    if kind is Discard:
+        return Discard([key for c in commands for key in c.keys]), [(0, 0)] * len(commands)
+    parts = {
+        NoSpeech: lambda c: c.keys,
+        Fetch: lambda c: c.requests,
+        Generate: lambda c: c.requests,
+        Compute: lambda c: c.functions,
+    }[kind]
+    items, spans = [], []
+    for owner, command in zip(owners, commands, strict=True):
+        part = parts(command)
+        if kind is Generate:
+            part = [
+                EngineRequest(r.prompt, r.sampling_params, f"{prefix}{owner}.{r.name}", r.capture_keys)
+                for r in part
+            ]
+        spans.append((len(items), len(items) + len(part)))
+        items += part
+    if kind in (NoSpeech, Fetch):
+        # The workers answer by key, not by position: every driver is handed the whole answer.
+        return kind(items), [(0, None)] * len(commands)
+    return kind(items), spans
+
+
+def no_capture_error(error: BaseException) -> NoCaptureError | None:
+    """The domain error for a worker's answer that it captures nothing (the RPCs raise it as text)."""
+    if NO_CAPTURE_MESSAGE in str(error):
+        return NoCaptureError(f"word timestamps are unavailable: {NO_CAPTURE_MESSAGE}")
+    return None
+
+
+def carry_out(work: Driver, answer: Callable[[Command], Any]) -> Any:
+    """``work`` driven to its result, each command answered by ``answer``; an input error ``answer``
+    raises (no capture on this engine...) is thrown into ``work``, which may answer it."""
+    reply, error = None, None
+    while True:
+        try:
+            command = work.throw(error) if error is not None else work.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = answer(command)
+        except InputError as failure:
+            error = failure
+
+
+async def carry_out_async(work: Driver, answer: Callable[[Command], Awaitable[Any]]) -> Any:
+    """:func:`carry_out` with ``answer`` awaited."""
+    reply, error = None, None
+    while True:
+        try:
+            command = work.throw(error) if error is not None else work.send(reply)
+        except StopIteration as done:
+            return done.value
+        reply, error = None, None
+        try:
+            reply = await answer(command)
+        except InputError as failure:
+            error = failure
