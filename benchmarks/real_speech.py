@@ -332,6 +332,15 @@ ABOUT = {
                     truth_source="aligner?", trust="TextGrid word and phone tiers; not documented"),
 }
 
+# Recordings with speech that their word tier does not label, heard by Whisper (tiny.en and base) and
+# seen in the levels: the audio is cut in the quietest 20 ms within CUT_SEARCH_S outside the labelled words
+# (else an aligner must put the unlabelled words somewhere, and a transcript has words the truth lacks).
+UNLABELLED_SPEECH = {
+    "phonlab_three_plus_five": "after 'five': heard '... equals 8'",
+    "phonlab_two_plus_two": "before the first 'two' (heard 'and') and after the last: heard '... equals 4'",
+}
+CUT_SEARCH_S = 0.1  # 0.2 s found the silence before two_plus_two's unlabelled "and", not after it
+
 # The ARCTIC prompt of arctic_a0009 (cmu_us_arctic etc/arctic.data); the labels carry phones only.
 ARCTIC_PROMPTS = {"arctic_a0009": "He turned sharply, and faced Gregson across the table."}
 # Festival's phone set (HTS labels) against the CMU dictionary's.
@@ -416,6 +425,23 @@ def plain_text(words: list[str]) -> str:
     return text.lower() if text.isupper() else text
 
 
+def cut_to_truth(samples: np.ndarray, first_start: float, last_end: float) -> tuple[np.ndarray, float]:
+    """The samples between the quietest 20 ms frames before the first word and after the last (searched
+    within CUT_SEARCH_S), and the time cut off the front."""
+    frame = int(0.02 * SAMPLE_RATE)
+
+    def quietest(begin_s: float, end_s: float) -> int:
+        begin, end = max(0, int(begin_s * SAMPLE_RATE)), min(len(samples), int(end_s * SAMPLE_RATE))
+        if end - begin < frame:
+            return begin
+        powers = [np.mean(samples[i: i + frame] ** 2) for i in range(begin, end - frame + 1, frame // 4)]
+        return begin + int(np.argmin(powers)) * (frame // 4) + frame // 2
+
+    head = quietest(first_start - CUT_SEARCH_S, first_start)
+    tail = quietest(last_end, last_end + CUT_SEARCH_S)
+    return samples[head:tail].copy(), head / SAMPLE_RATE
+
+
 def load_16k(path: Path) -> np.ndarray:
     """16 kHz mono float32: the project's own decoder (what a user's file goes through), this checkout's."""
     if str(ROOT) not in sys.path:
@@ -483,11 +509,20 @@ def make_clip(entry: dict, samples: np.ndarray) -> Clip:
     if not words or any(e <= s for s, e in zip(starts, ends, strict=True)) or starts != sorted(starts):
         raise ValueError(f"{entry['id']}: word truth is empty or out of order")
     root = CACHE / "src" / f"{package.name}-{package.version}"
+    note = UNLABELLED_SPEECH.get(entry["id"])
+    if note:
+        samples, offset = cut_to_truth(samples, starts[0], ends[-1])
+        starts = [round(s - offset, 6) for s in starts]
+        ends = [round(e - offset, 6) for e in ends]
+    details = dict(about(entry["id"], package.name))
+    if note:
+        kept = f"{offset:.3f}-{offset + len(samples) / SAMPLE_RATE:.3f} s"
+        details["trust"] += f"; unlabelled speech {note}: the audio cut to {kept}"
     return Clip(
         id=entry["id"], source=f"{package.name} {package.version}", path=str(entry["wav"].relative_to(root)),
         samples=samples, words=words, starts=starts, ends=ends, filled=filled,
         text=entry.get("text") or plain_text(words), levels=levels_of(entry["wav"]),
-        **about(entry["id"], package.name),
+        **details,
     )
 
 
