@@ -205,12 +205,18 @@ def run_ours(model: str, out: Path) -> None:
                 runs.append(run_record(
                     system="ours", model=model, precision="float32", mode=mode, alignment_method=method,
                     wall_s=round(time.perf_counter() - t0, 3), audio_s=sum(len(s) for s in samples) / 16000,
-                    files={i: {"text": r.get("text", ""), "words": word_dicts(r.get("words") or [])}
-                           for i, r in zip(ids, results, strict=True)},
+                    files={i: answer(r, word_dicts) for i, r in zip(ids, results, strict=True)},
                 ))
     import vllm_whisper_align
 
     write_output(out, "ours", runs, package=vllm_whisper_align.__file__, commit=git_commit())
+
+
+def answer(result: dict, word_dicts) -> dict:
+    """What a run keeps of one result: text, words, and the tokens' raw DTW times (before the words' starts
+    and ends are moved to the audio), which tell the heads' error from the boundary rules'."""
+    tokens = [{"text": t["text"], "start": t["start"], "end": t["end"]} for t in result.get("tokens") or []]
+    return {"text": result.get("text", ""), "words": word_dicts(result.get("words") or []), "tokens": tokens}
 
 
 # ------------------------------------------------------------------------------------------------
