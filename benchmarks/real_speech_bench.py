@@ -17,7 +17,8 @@ starts and ends, the share within 20 / 50 / 100 / 200 ms is over ALL truth words
 miss), the MAE over paired words, and "off > 0.5 s" counts paired starts more than 0.5 s off. Per kind
 (read / lab / spontaneous) too. Writes benchmarks/out/real_speech/: raw/<part>.json (each run's words),
 scores.json, words.json (every truth word's error per row), heard.md (transcripts against the truth
-text), worst.md (our worst words) and RESULTS-section.md (a section for benchmarks/RESULTS.md).
+text), worst.md (our worst words, with the heads' raw DTW times), boundary-rules.md (our starts before and
+after the boundary rules) and RESULTS-section.md (a section for benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -248,6 +249,20 @@ def word_errors(entry: dict, heard: list[dict]) -> dict[str, np.ndarray]:
     return out
 
 
+def with_dtw_times(result: dict) -> list[dict]:
+    """The result's words with the raw DTW times of their tokens (ours only: `dtw_start` of the first
+    token, `dtw_end` of the last), where the run kept tokens."""
+    tokens, words, at = result.get("tokens") or [], [], 0
+    for word in result.get("words") or []:
+        first = last = None
+        spelled = ""
+        while tokens and at < len(tokens) and spelled.strip() != word["word"].strip():
+            first = first or (tokens[at] if tokens[at]["text"].strip() else None)
+            spelled, last, at = spelled + tokens[at]["text"], tokens[at], at + 1
+        words.append({**word, "dtw_start": first and first["start"], "dtw_end": last and last["end"]})
+    return words
+
+
 def hyphen_parts(word: dict) -> list[dict]:
     """ "ill-disposed" (the truth: "ill disposed") as two words, the first with the start, the last with the
     end: the boundary inside has no time, so it counts as a miss, the outer two are judged."""
@@ -255,8 +270,8 @@ def hyphen_parts(word: dict) -> list[dict]:
     if len(parts) < 2:
         return [{**word, "end": word.get("end")}]
     last = len(parts) - 1
-    return [{"word": part, "start": word["start"] if k == 0 else None, "end": word.get("end") if k == last
-             else None} for k, part in enumerate(parts)]
+    return [{**word, "word": part, **({} if k == 0 else {"start": None, "dtw_start": None}),
+             **({} if k == last else {"end": None, "dtw_end": None})} for k, part in enumerate(parts)]
 
 
 def figures(start: np.ndarray, end: np.ndarray) -> dict:
@@ -322,7 +337,7 @@ def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
     per_kind = {kind: ([], []) for kind in KINDS}
     records = []
     for clip_id, entry in truth.items():
-        errors = word_errors(entry, result["files"].get(clip_id, {}).get("words") or [])
+        errors = word_errors(entry, with_dtw_times(result["files"].get(clip_id, {})))
         per_kind[entry["kind"]][0].append(errors["start"])
         per_kind[entry["kind"]][1].append(errors["end"])
         records += word_records(clip_id, entry, errors)
@@ -343,6 +358,8 @@ def word_records(clip_id: str, entry: dict, errors: dict) -> list[dict]:
             "pause_after_s": (round(entry["starts"][i + 1] - entry["ends"][i], 3)
                               if i + 1 < len(entry["words"]) else None),
             "start": heard["start"] if heard else None, "end": heard["end"] if heard else None,
+            "dtw_start": heard.get("dtw_start") if heard else None,
+            "dtw_end": heard.get("dtw_end") if heard else None,
             "start_error_s": none_if_nan(errors["start"][i]), "end_error_s": none_if_nan(errors["end"][i]),
             "noise_floor_dbfs": entry["levels"]["noise_floor_dbfs"],
         })
@@ -421,12 +438,13 @@ def worst_report(records: list[dict], name: str, key: str = "start_error_s", cou
     paired = sorted((r for r in records if r[key] is not None), key=lambda r: -abs(r[key]))
     missing = [f"{r['clip']}:{r['word']}" for r in records if r[key] is None]  # unpaired, or no time
     lines = [f"### {name}: the {count} {key.split('_')[0]}s furthest off", "",
-             "| clip | word | truth start | ours start | start error ms | truth end | ours end "
+             "| clip | word | truth start | ours start (DTW) | start error ms | truth end | ours end (DTW) "
              "| end error ms | pause before s | pause after s | noise floor dBFS |", "|---" * 11 + "|"]
     for r in paired[:count]:
         lines.append(
             f"| {r['clip']} | {r['word']} | {r['truth_start']:.3f} | {fmt(r['start'])} "
-            f"| {ms(r['start_error_s'])} | {r['truth_end']:.3f} | {fmt(r['end'])} | {ms(r['end_error_s'])} "
+            f"({fmt(r['dtw_start'])}) | {ms(r['start_error_s'])} | {r['truth_end']:.3f} | {fmt(r['end'])} "
+            f"({fmt(r['dtw_end'])}) | {ms(r['end_error_s'])} "
             f"| {fmt(r['pause_before_s'])} | {fmt(r['pause_after_s'])} | {r['noise_floor_dbfs']} |")
     if missing:
         lines += ["", f"Unpaired ({len(missing)}): " + ", ".join(missing)]
@@ -439,6 +457,48 @@ def ms(seconds: float | None) -> str:
 
 def fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def boundary_rules(rows: list[dict], words: dict, truth: dict) -> str:
+    """Our starts as the heads' DTW gave them against after the boundary rules, on the same paired words;
+    the moved ones split by whether the speech mask has a pause between the two (the "start after the
+    first silence" rule) or not (the onsets)."""
+    from common import load_wav
+    from vllm_whisper_align.audio import speech_frames
+
+    masks = {i: speech_frames(load_wav(t["path"])) for i, t in truth.items()}
+    lines = ["| row | words | DTW starts within 50 / 100 ms, MAE, median | final | moved across a pause: "
+             "n, better / worse by > 30 ms, median after | moved within sound: same |",
+             "|---|---|---|---|---|---|"]
+    for row in (r for r in rows if r["system"] == "ours"):
+        have = [r for r in words[row_name(row)] if r["start"] is not None and r["dtw_start"] is not None]
+        dtw = np.array([r["dtw_start"] - r["truth_start"] for r in have])
+        final = np.array([r["start"] - r["truth_start"] for r in have])
+        across = np.array([crosses_pause(masks[r["clip"]], r["dtw_start"], r["start"]) for r in have])
+        moved = np.abs(final - dtw) > 0.001
+        lines.append(f"| {row_name(row)} | {len(have)} | {start_summary(dtw)} | {start_summary(final)} "
+                     f"| {moved_summary(dtw, final, moved & across)} "
+                     f"| {moved_summary(dtw, final, moved & ~across)} |")
+    return "\n".join(lines)
+
+
+def crosses_pause(speech: np.ndarray, a: float, b: float) -> bool:
+    low, high = sorted((a, b))
+    return bool((~speech[int(round(low / 0.02)): int(round(high / 0.02))]).any())
+
+
+def start_summary(errors: np.ndarray) -> str:
+    absolute = np.abs(errors)
+    within = f"{pct(np.mean(absolute <= 0.05))} / {pct(np.mean(absolute <= 0.1))}"
+    return f"{within}, {1000 * absolute.mean():.0f}, {1000 * np.median(errors):+.0f}"
+
+
+def moved_summary(dtw: np.ndarray, final: np.ndarray, chosen: np.ndarray) -> str:
+    if not chosen.any():
+        return "0"
+    gain = np.abs(dtw[chosen]) - np.abs(final[chosen])
+    return (f"{int(chosen.sum())}, {int(np.sum(gain > 0.03))} / {int(np.sum(gain < -0.03))}, "
+            f"{1000 * np.median(final[chosen]):+.0f} ms")
 
 
 def machine() -> str:
@@ -488,6 +548,9 @@ def report(command: str) -> None:
     transcribing = [r for r in rows if r["mode"] == "transcribe"]
     (OUT / "heard.md").write_text(heard_report(transcribing, truth) + "\n")
     ours = [r for r in rows if r["system"] == "ours"]
+    rules = boundary_rules(rows, words, truth)
+    (OUT / "boundary-rules.md").write_text(rules + "\n")
+    print(rules, end="\n\n")
     (OUT / "worst.md").write_text("\n\n".join(
         worst_report(words[row_name(r)], row_name(r), key) for r in ours for key in ("start_error_s",
                                                                                       "end_error_s")) + "\n")
