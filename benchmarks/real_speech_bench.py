@@ -464,10 +464,7 @@ def boundary_rules(rows: list[dict], words: dict, truth: dict) -> str:
     """Our starts as the heads' DTW gave them against after the boundary rules, on the same paired words;
     the moved ones split by whether the speech mask has a pause between the two (the "start after the
     first silence" rule) or not (the onsets)."""
-    from common import load_wav
-    from vllm_whisper_align.audio import speech_frames
-
-    masks = {i: speech_frames(load_wav(t["path"])) for i, t in truth.items()}
+    masks = speech_masks(truth)
     lines = ["| row | words | DTW starts within 50 / 100 ms, MAE, median | final | moved across a pause: "
              "n, better / worse by > 30 ms, median after | moved within sound: same |",
              "|---|---|---|---|---|---|"]
@@ -480,6 +477,39 @@ def boundary_rules(rows: list[dict], words: dict, truth: dict) -> str:
         lines.append(f"| {row_name(row)} | {len(have)} | {start_summary(dtw)} | {start_summary(final)} "
                      f"| {moved_summary(dtw, final, moved & across)} "
                      f"| {moved_summary(dtw, final, moved & ~across)} |")
+    return "\n".join(lines)
+
+
+def speech_masks(truth: dict) -> dict[str, np.ndarray]:
+    """The project's speech mask (20 ms frames) of every clip."""
+    from common import load_wav
+    from vllm_whisper_align.audio import speech_frames
+
+    return {i: speech_frames(load_wav(t["path"])) for i, t in truth.items()}
+
+
+def ends_by_context(rows: list[dict], words: dict, truth: dict) -> str:
+    """Our ends by what follows them in our result: the next word through sound (then also: had the end
+    been that next word's start), a pause the speech mask sees, or nothing (the clip's last word)."""
+    masks = speech_masks(truth)
+    lines = ["| row | next word through sound: n, ends within 50 / 100 ms, MAE, median | same, had the end "
+             "been the next start | a pause after | last word |", "|---|---|---|---|---|"]
+    for row in (r for r in rows if r["system"] == "ours"):
+        groups: dict[str, list] = {"sound": [], "next start": [], "pause": [], "last": []}
+        records = words[row_name(row)]
+        for r, after in zip(records, [*records[1:], None], strict=True):
+            if r["end"] is None:
+                continue
+            error = r["end"] - r["truth_end"]
+            if after is None or after["clip"] != r["clip"]:
+                groups["last"].append(error)
+            elif after["start"] is not None and not crosses_pause(masks[r["clip"]], r["end"], after["start"]):
+                groups["sound"].append(error)
+                groups["next start"].append(max(after["start"], r["end"]) - r["truth_end"])
+            else:
+                groups["pause"].append(error)
+        cells = [f"{len(v)}, {start_summary(np.array(v))}" if v else "0" for v in groups.values()]
+        lines.append(f"| {row_name(row)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -555,7 +585,7 @@ def report(command: str) -> None:
     transcribing = [r for r in rows if r["mode"] == "transcribe"]
     (OUT / "heard.md").write_text(heard_report(transcribing, truth) + "\n")
     ours = [r for r in rows if r["system"] == "ours"]
-    rules = boundary_rules(rows, words, truth)
+    rules = boundary_rules(rows, words, truth) + "\n\n" + ends_by_context(rows, words, truth)
     (OUT / "boundary-rules.md").write_text(rules + "\n")
     print(rules, end="\n\n")
     (OUT / "worst.md").write_text("\n\n".join(
