@@ -17,8 +17,9 @@ starts and ends, the share within 20 / 50 / 100 / 200 ms is over ALL truth words
 miss), the MAE over paired words, and "off > 0.5 s" counts paired starts more than 0.5 s off. Per kind
 (read / lab / spontaneous) too. Writes benchmarks/out/real_speech/: raw/<part>.json (each run's words),
 scores.json, words.json (every truth word's error per row), heard.md (transcripts against the truth
-text), worst.md (our worst words, with the heads' raw DTW times), boundary-rules.md (our starts before and
-after the boundary rules) and RESULTS-section.md (a section for benchmarks/RESULTS.md).
+text), worst.md (our worst words, with the heads' raw DTW times), boundary-rules.md (our starts before
+and after the boundary rules, our ends by what follows them, our errors per clip) and
+RESULTS-section.md (a section for benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -513,6 +514,27 @@ def ends_by_context(rows: list[dict], words: dict, truth: dict) -> str:
     return "\n".join(lines)
 
 
+def clip_table(rows: list[dict], words: dict, truth: dict) -> str:
+    """Start and end MAE (ms) per clip of our forced rows, beside the clip's noise floor and band edge."""
+    chosen = [r for r in rows if r["system"] == "ours" and r["mode"] == "align"]
+    lines = ["| clip | kind | noise floor dBFS | band edge Hz | " + " | ".join(
+        f"{row_name(r)}: start / end MAE" for r in chosen) + " |", "|---" * (len(chosen) + 4) + "|"]
+    for clip_id, entry in truth.items():
+        cells = []
+        for row in chosen:
+            mine = [r for r in words[row_name(row)] if r["clip"] == clip_id]
+            keys = ("start_error_s", "end_error_s")
+            cells.append(" / ".join(mae_ms([r[key] for r in mine]) for key in keys))
+        lines.append(f"| {clip_id} | {entry['kind']} | {entry['levels']['noise_floor_dbfs']} "
+                     f"| {entry['levels']['bandwidth_hz']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def mae_ms(errors: list) -> str:
+    have = [abs(e) for e in errors if e is not None]
+    return f"{1000 * np.mean(have):.0f}" if have else "-"
+
+
 def crosses_pause(speech: np.ndarray, a: float, b: float) -> bool:
     low, high = sorted((a, b))
     return bool((~speech[int(round(low / 0.02)): int(round(high / 0.02))]).any())
@@ -588,7 +610,8 @@ def report(command: str) -> None:
     transcribing = [r for r in rows if r["mode"] == "transcribe"]
     (OUT / "heard.md").write_text(heard_report(transcribing, truth) + "\n")
     ours = [r for r in rows if r["system"] == "ours"]
-    rules = boundary_rules(rows, words, truth) + "\n\n" + ends_by_context(rows, words, truth)
+    rules = "\n\n".join([boundary_rules(rows, words, truth), ends_by_context(rows, words, truth),
+                          clip_table(rows, words, truth)])
     (OUT / "boundary-rules.md").write_text(rules + "\n")
     print(rules, end="\n\n")
     (OUT / "worst.md").write_text("\n\n".join(
