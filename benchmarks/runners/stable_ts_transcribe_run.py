@@ -22,8 +22,9 @@ SYSTEM = "stable-ts-transcribe"
 
 def main() -> None:
     parser = runner_parser("openai-whisper checkpoint (.pt)")
-    parser.add_argument("--hf-dir", required=True,
-                        help="HF dir whose generation_config.json has alignment_heads")
+    parser.add_argument(
+        "--hf-dir", required=True, help="HF dir whose generation_config.json has alignment_heads"
+    )
     args = parser.parse_args()
     stand_in_torchaudio()
     import stable_whisper
@@ -34,8 +35,14 @@ def main() -> None:
 
     def transcribe(samples):
         # The options openai_whisper_run.py gives whisper.transcribe; stable-ts's own defaults otherwise.
-        return model.transcribe(samples, language="en", temperature=0.0, condition_on_previous_text=False,
-                                fp16=False, verbose=None)
+        return model.transcribe(
+            samples,
+            language="en",
+            temperature=0.0,
+            condition_on_previous_text=False,
+            fp16=False,
+            verbose=None,
+        )
 
     transcribe(load_wav(min(items, key=lambda i: i["duration"])["path"]))  # warm-up
     files, t0 = {}, time.perf_counter()
@@ -44,10 +51,23 @@ def main() -> None:
         files[item["id"]] = {"text": result.text, "words": word_dicts(result.all_words())}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")
-    write_output(args.out, SYSTEM, [run_record(
-        system=SYSTEM, model=args.model_name, precision="float32", concurrency=1, mode="sequential",
-        audio_s=round(sum(i["duration"] for i in items), 3), wall_s=round(wall, 3), files=files,
-    )], stable_ts=stable_whisper.__version__)
+    write_output(
+        args.out,
+        SYSTEM,
+        [
+            run_record(
+                system=SYSTEM,
+                model=args.model_name,
+                precision="float32",
+                concurrency=1,
+                mode="sequential",
+                audio_s=round(sum(i["duration"] for i in items), 3),
+                wall_s=round(wall, 3),
+                files=files,
+            )
+        ],
+        stable_ts=stable_whisper.__version__,
+    )
 
 
 if __name__ == "__main__":
