@@ -1,7 +1,7 @@
 """Word-boundary experiments without the engine in the loop: record once, replay the post-processing.
 
-    .venv/bin/python benchmarks/boundary_replay.py record [--out benchmarks/out/boundary-replay.pkl]
-    .venv/bin/python benchmarks/boundary_replay.py replay [--out ...]
+    .venv/bin/python benchmarks/boundary_replay.py record [--model tiny.en|base]
+    .venv/bin/python benchmarks/boundary_replay.py replay [--model tiny.en|base]
 
 ``record`` runs one float32 ``WhisperAligner`` over three clip sets and keeps what the engine hands
 ``align.results.window_results`` for every window (the captured cross-attention of the whole head pool,
@@ -49,14 +49,17 @@ from boundaries import shares  # noqa: E402
 
 from tests.support.speech import SpokenClip, end_errors, synthesize_sentence, synthesize_words  # noqa: E402
 
-DEFAULT_OUT = HERE / "out" / "boundary-replay.pkl"
+OUT = HERE / "out"
 # Bump when what record() keeps changes: a recording of another version is refused, not misread.
-RECORDING_VERSION = 2
+RECORDING_VERSION = 4
 # The voices and rates the boundary constants were chosen on (benchmarks/audio.py: never the held-out ones).
 DEV_VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp", "en-us+m3", "en-029"]
 DEV_RATES = [140, 150, 160, 170, 180, 190]
 NUM_DEV, NUM_PAUSES, NUM_PAUSES_HELD = 48, 48, 24
-SETS = ("dev", "held", "pauses", "pauses-held")
+SETS = ("dev", "held", "pauses", "pauses-held", "real", "real-pauses")
+# Real human speech (tests/support/real_speech.py): scored by its own rules (real_speech_bench.score: every
+# truth word counts, starts and ends, starts over 0.5 s off), beside the synthetic sets.
+REAL_SETS = ("real", "real-pauses")
 MODES = ("forced", "transcribed")
 
 
@@ -96,13 +99,28 @@ def clip_sets() -> dict[str, list[SpokenClip]]:
         "held": [make_continuous(i)[0] for i in range(NUM_CONTINUOUS)],
         "pauses": [make_short(i)[0] for i in range(NUM_PAUSES)],
         "pauses-held": [held_pauses_clip(i) for i in range(NUM_PAUSES_HELD)],
+        **{
+            name: [SpokenClip(c.samples, c.words, c.starts, c.ends, c.text) for c in clips]
+            for name, clips in real_sets().items()
+        },
     }
 
 
-def record(out: Path) -> None:
+def real_sets() -> dict[str, list]:
+    from tests.support import real_speech
+
+    clips = real_speech.load_clips(log=lambda *_: None)
+    return {"real": clips, "real-pauses": real_speech.joined_with_pauses(clips)}
+
+
+def recording_path(model: str) -> Path:
+    return OUT / f"boundary-replay-{model}.pkl"
+
+
+def record(out: Path, model: str) -> None:
     from vllm_whisper_align.align import results
     from vllm_whisper_align.audio.windows import AudioChunk
-    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.runners.offline import WhisperAligner
 
     sets = clip_sets()
@@ -113,15 +131,25 @@ def record(out: Path) -> None:
         # The windows' samples in memory (a long input's may be in a temporary file), positions kept.
         kept = [replace(w, audio=AudioChunk(w.audio.samples, 0, w.audio.num_samples)) for w in windows]
         offsets = [w.offset for w in windows]
-        calls.append({"windows": kept, "offsets": offsets, "fetched": list(fetched), "info": info})
+        source = id(windows[0].audio.source) if windows else None  # which input: calls finish in any order
+        calls.append(
+            {"windows": kept, "offsets": offsets, "fetched": list(fetched), "info": info, "source": source}
+        )
         return window_results(windows, fetched, tokens, info)
 
     results.window_results = keep
     recorded: dict = {
         "version": RECORDING_VERSION,
+        "model": model,
         "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()},
+        "real": {
+            name: {
+                c.id: {"kind": c.kind, "words": c.words, "starts": c.starts, "ends": c.ends} for c in clips
+            }
+            for name, clips in real_sets().items()
+        },
     }
-    with WhisperAligner(str(default_model_path()), dtype="float32") as aligner:
+    with WhisperAligner(resolve_model(model), dtype="float32") as aligner:
         for name, clips in sets.items():
             audio = [clip.samples for clip in clips]
             for mode in MODES:
@@ -130,24 +158,32 @@ def record(out: Path) -> None:
                     aligner.align(audio, [clip.text for clip in clips])
                 else:
                     aligner.transcribe(audio, language="en")
-                recorded[(name, mode)] = list(calls)
+                recorded[(name, mode)] = in_input_order(calls, audio)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as file:
         pickle.dump(recorded, file)
     print(f"recorded {sum(len(c) for c in sets.values())} clips to {out}")
 
 
+def in_input_order(calls: list[dict], audio: list[np.ndarray]) -> list[dict]:
+    """One call per input, in the inputs' order (an input of which every window was silence has none:
+    its words are none)."""
+    by_source = {call["source"]: call for call in calls if call["source"] is not None}
+    empty = {"windows": [], "offsets": [], "fetched": [], "info": calls[0]["info"] if calls else None}
+    return [by_source.get(id(samples), empty) for samples in audio]
+
+
 def load(path: Path) -> tuple[dict, object]:
     from transformers import AutoTokenizer
 
-    from vllm_whisper_align.checkpoints.bundled import default_model_path
+    from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.tokens import WhisperTokens
 
     with open(path, "rb") as file:
         recorded = pickle.load(file)
     if recorded.get("version") != RECORDING_VERSION:
         raise SystemExit(f"{path} was recorded by another version of this script: record it again")
-    model = default_model_path()
+    model = Path(resolve_model(recorded["model"]))
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
     return recorded, WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(str(model)), vocab_size)
 
@@ -196,10 +232,14 @@ def end_shares(clips: list[SpokenClip], words: list[list[dict]]) -> dict[str, fl
 
 def replay(path: Path) -> None:
     recorded, tokens = load(path)
+    print(f"{recorded['model']}, recorded in {path.name}; starts (ends) within 50 / 100 / 200 ms")
     for name in SETS:
         clips = [SpokenClip(np.zeros(1), *clip) for clip in recorded["clips"][name]]
         for mode in MODES:
             words = replay_words(recorded, tokens, name, mode)
+            if name in REAL_SETS:
+                print(real_line(recorded["real"][name], words, name, mode))
+                continue
             figures = shares(clips, words, heard_only=mode == "transcribed")
             line = (
                 f"{name:11} {mode:11} starts {figures['within_50ms_pct']} / "
@@ -215,14 +255,39 @@ def replay(path: Path) -> None:
             print(line)
 
 
+def real_line(truth: dict, words: list[list[dict]], name: str, mode: str) -> str:
+    """The real set's figures as the real-speech benchmark scores them (every truth word counts)."""
+    import real_speech_bench
+
+    result = {"files": {clip_id: {"words": w} for clip_id, w in zip(truth, words, strict=True)}}
+    figures, _ = real_speech_bench.score(truth, result)
+    starts = " / ".join(str(figures[f"start_within_{ms}ms_pct"]) for ms in (20, 50, 100, 200))
+    ends = " / ".join(str(figures[f"end_within_{ms}ms_pct"]) for ms in (20, 50, 100, 200))
+    spontaneous = figures["by_kind"].get("spontaneous", {})
+    return (
+        f"{name:11} {mode:11} starts {starts} (20/50/100/200), MAE {figures['start_mae_ms']} ms, "
+        f"{figures['starts_off_over_0.5s']} over 0.5 s; ends {ends}, MAE {figures['end_mae_ms']} ms"
+        + (
+            f"; spontaneous starts {spontaneous.get('start_within_50ms_pct')} / "
+            f"{spontaneous.get('start_within_100ms_pct')}"
+            if spontaneous
+            else ""
+        )
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("action", choices=["record", "replay"])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--model", default="tiny.en", choices=["tiny.en", "base"])
+    parser.add_argument(
+        "--out", type=Path, default=None, help="default: benchmarks/out/boundary-replay-MODEL.pkl"
+    )
     args = parser.parse_args()
-    record(args.out) if args.action == "record" else replay(args.out)
+    path = args.out or recording_path(args.model)
+    record(path, args.model) if args.action == "record" else replay(path)
 
 
 if __name__ == "__main__":

