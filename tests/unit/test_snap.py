@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from tests.support.speech import synthesize_words
-from vllm_whisper_align.align.boundaries import extend_ends, refine_starts, snap_to_speech, starts_quietly
+from vllm_whisper_align.align.boundaries import (
+    SPAN_EDGE_FRAMES,
+    extend_ends,
+    join_ends,
+    refine_starts,
+    snap_to_speech,
+    starts_quietly,
+)
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.audio.features import SpectralFlux, speech_frames
 
@@ -67,6 +74,18 @@ def test_neighbour_sound_keeps_a_word_that_is_only_sound_then_silence():
     assert (word.start, word.end) == (0.1, 0.4)
 
 
+def test_neighbour_sound_a_frame_or_two_into_the_span_still_belongs_to_the_word_before():
+    """DTW's edge sits a frame or two off where the previous word's tail begins: that tail, then silence,
+    is still the word before's, up to SPAN_EDGE_FRAMES in; further in, the sound is the word's own."""
+    for lead in range(SPAN_EDGE_FRAMES + 2):
+        # span from frame 10; sound from frame 10 + lead to 20, silence to 30, the word 30-50
+        speech = np.array([0] * (10 + lead) + [1] * (10 - lead) + [0] * 10 + [1] * 20, dtype=bool)
+        word = Word(0.2, 1.0, " w", 1.0, [1])
+        snap_to_speech([word], speech, 0.0, neighbour_sound=True)
+        expected = 0.6 if lead <= SPAN_EDGE_FRAMES else round(0.2 + lead * 0.02, 2)
+        assert word.start == expected, lead
+
+
 def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:
     onsets = np.full(length, 0.1, dtype=np.float32)
     onsets[int(round(seconds / 0.01))] = 5.0
@@ -117,7 +136,13 @@ def test_refine_weighs_onsets_by_their_distance():
     ],
 )
 def test_a_start_is_quiet_by_its_first_letter(word, quiet):
-    assert starts_quietly(word) is quiet
+    assert starts_quietly(word, "en") is quiet
+
+
+def test_the_first_letter_is_read_as_english_spelling_only():
+    """German "w" is /v/, Spanish "c" before "e" is /s/: other languages keep the rise alone."""
+    assert starts_quietly(" wasser", "en") and not starts_quietly(" wasser", "de")
+    assert not starts_quietly(" cena", "es") and not starts_quietly(" to", None)
 
 
 def test_a_quiet_start_takes_the_fall_and_a_loud_one_the_rise():
@@ -133,6 +158,9 @@ def test_a_quiet_start_takes_the_fall_and_a_loud_one_the_rise():
     vowel = Word(1.0, 1.5, " a", 1.0, [1])
     refine_starts([vowel], flux, speech, 0.0, 0.01)
     assert vowel.start == 1.06
+    german = Word(1.0, 1.5, " to", 1.0, [1])  # the same spelling in a German text: the rise
+    refine_starts([german], flux, speech, 0.0, 0.01, language="de")
+    assert german.start == 1.06
 
 
 def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
@@ -185,3 +213,22 @@ def test_extend_ends_keeps_ends_in_continuous_speech_and_after_sound():
     quiet_end = Word(0.0, 0.5, " a", 1.0, [1])
     extend_ends([quiet_end], speech, 0.0)
     assert quiet_end.end == 0.5  # ends in silence already
+
+
+def test_join_ends_runs_a_word_on_to_the_next_through_sound_only():
+    # sound 0.0-0.8 with no pause, a pause 0.8-1.0, sound from 1.0
+    speech = np.array([1] * 40 + [0] * 10 + [1] * 20, dtype=bool)
+    words = [
+        Word(0.0, 0.3, " a", 1.0, [1]),  # ends early, the next starts at 0.36 through sound: joined
+        Word(0.36, 0.7, " b", 1.0, [2]),  # ends at 0.7, a pause before the next: kept
+        Word(1.0, 1.3, " c", 1.0, [3]),
+    ]
+    join_ends(words, speech, 0.0)
+    assert [(w.start, w.end) for w in words] == [(0.0, 0.36), (0.36, 0.7), (1.0, 1.3)]
+
+
+def test_join_ends_respects_the_offset_and_overlaps():
+    speech = np.ones(30, dtype=bool)
+    words = [Word(30.0, 30.3, " a", 1.0, [1]), Word(30.2, 30.5, " b", 1.0, [2])]
+    join_ends(words, speech, 30.0)
+    assert words[0].end == 30.2  # an end past the next start is cut back to it

@@ -20,10 +20,16 @@ ONSET_DISTANCE_S = 0.15
 ONSET_AFTER_SOUND_FRAMES = 2
 # A word whose first sound is quieter than the sound before it (a stop's closure, a nasal, /w/) starts
 # where the sound falls, not where new energy rises: its pull is the rise plus FALL_WEIGHT times the fall.
-# Told by the first letter (spellings like English's; other scripts keep the rise alone). On the dev set,
-# stops, nasals and w beat stops alone, every consonant, and stops with liquids; weights 1.5-3 tie.
+# Told by the first letter of English spelling, so English only (QUIET_START_LANGUAGES): the same letters
+# say other things in other spellings (Spanish "c" before "e" is /s/, German "w" is /v/), and other
+# languages keep the rise alone. On the dev set, stops, nasals and w beat stops alone, every consonant, and
+# stops with liquids; weights 1.5-3 tie.
 QUIET_START_LETTERS = frozenset("bcdgkmnpqtw")
+QUIET_START_LANGUAGES = frozenset({"en"})
 FALL_WEIGHT = 2.0
+# snap_to_speech: the first sound in a word's span belongs to the word before when it begins this many
+# frames or fewer from the span's start (DTW's own edge is a frame or two off where that sound begins).
+SPAN_EDGE_FRAMES = 2
 # extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
 TAIL_MAX_S = 0.15
 
@@ -43,9 +49,9 @@ def snap_to_speech(
 
     ``neighbour_sound``: the selected heads (``timing.select_heads``) move on to the next token as
     soon as a word's sound ends, so a word's span can begin in the tail of the word before it and
-    end in the head of the word after it. Then sound at the very start of a span that is followed
-    by a silence belongs to the previous word (the word starts after that silence), and likewise at
-    the end. Without it the word is simply trimmed to the sound it covers.
+    end in the head of the word after it. Then sound at the start of a span (within SPAN_EDGE_FRAMES)
+    that is followed by a silence belongs to the previous word (the word starts after that silence),
+    and likewise at the end. Without it the word is simply trimmed to the sound it covers.
     """
 
     def frame(seconds: float) -> int:
@@ -61,7 +67,7 @@ def snap_to_speech(
             continue  # no sound under the word at all: leave DTW's answer
         start_run, end_run = voiced[0], voiced[-1]
         if neighbour_sound and len(voiced) > 1:
-            if start_run[0] == 0:
+            if start_run[0] <= SPAN_EDGE_FRAMES:
                 start_run = voiced[1]
             if end_run[1] == last - first:
                 end_run = voiced[-2]
@@ -71,11 +77,29 @@ def snap_to_speech(
         word.end = round_time(offset + (first + end_run[1]) * frame_seconds)
 
 
-def starts_quietly(word: str) -> bool:
-    """Whether ``word`` (as decoded: a leading space, maybe opening punctuation) begins with one of
-    ``QUIET_START_LETTERS``."""
+def join_ends(
+    words: list[Word], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS
+) -> None:
+    """A word that runs into the next through sound (no silence between them) ends where the next
+    begins, in place.
+
+    In continuous speech the selected heads leave a word as its sound fades, a frame or more before the
+    next word begins (on real speech: ends a median of 30 ms early), and no pause says where it ends:
+    the word ends where the next begins, as every aligner and hand labelling lays out words that run
+    into each other. Before a pause, ``extend_ends`` decides.
+    """
+    for word, following in zip(words, words[1:], strict=False):
+        end = int(round((word.end - offset) / frame_seconds))
+        start = int(round((following.start - offset) / frame_seconds))
+        if start <= end or (0 <= end < start <= len(speech) and speech[end:start].all()):
+            word.end = following.start
+
+
+def starts_quietly(word: str, language: str | None) -> bool:
+    """Whether ``word`` (as decoded: a leading space, maybe opening punctuation) of an English text begins
+    with one of ``QUIET_START_LETTERS``."""
     letters = word.lstrip().lstrip(PREPEND_PUNCTUATIONS)
-    return letters[:1].lower() in QUIET_START_LETTERS
+    return language in QUIET_START_LANGUAGES and letters[:1].lower() in QUIET_START_LETTERS
 
 
 def refine_starts(
@@ -85,23 +109,24 @@ def refine_starts(
     offset: float,
     onset_seconds: float,
     speech_seconds: float = SPEECH_FRAME_SECONDS,
+    language: str | None = "en",
 ) -> None:
     """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it, each
     onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``).
 
     DTW only knows 20 ms encoder frames, and in continuous speech (no silence to snap to) its start
     can sit a frame or more off the real one. ``flux`` is the audio's spectral rises and falls per
-    frame of ``onset_seconds`` (``audio.features.spectral_flux``): a word's onset strength is the rise, plus
-    ``FALL_WEIGHT`` times the fall where the word :func:`starts_quietly`. ``speech`` is the speech
-    mask per ``speech_seconds``; both start at ``offset``. Starts after silence are left alone
-    (``snap_to_speech`` placed them on the sound's first frame), and a start never moves before the
-    previous word's end or to the word's end. In place.
+    frame of ``onset_seconds`` (``audio.features.spectral_flux``): a word's onset strength is the rise,
+    plus ``FALL_WEIGHT`` times the fall where the word :func:`starts_quietly` (``language``: the text's).
+    ``speech`` is the speech mask per ``speech_seconds``; both start at ``offset``. Starts after
+    silence are left alone (``snap_to_speech`` placed them on the sound's first frame), and a start
+    never moves before the previous word's end or to the word's end. In place.
     """
     quiet_onsets = flux.rises + np.float32(FALL_WEIGHT) * flux.falls
     previous_end = None
     for word in words:
         original_end = word.end
-        onsets = quiet_onsets if starts_quietly(word.word) else flux.rises
+        onsets = quiet_onsets if starts_quietly(word.word, language) else flux.rises
         speech_frame = int(round((word.start - offset) / speech_seconds))
         before = speech[max(0, speech_frame - ONSET_AFTER_SOUND_FRAMES) : speech_frame]
         if speech_frame > 0 and len(before) and before.all():

@@ -20,7 +20,7 @@ import numba
 import numpy as np
 
 from vllm_whisper_align.align import timing
-from vllm_whisper_align.align.boundaries import extend_ends, refine_starts, snap_to_speech
+from vllm_whisper_align.align.boundaries import extend_ends, join_ends, refine_starts, snap_to_speech
 from vllm_whisper_align.align.words import (
     SENTENCE_END_MARKS,
     Word,
@@ -217,8 +217,11 @@ def window_words(
     method = method_named(window.alignment.alignment_method) if window.alignment else METHODS["fixed"]
     snap_to_speech(timed, speech, window.offset, neighbour_sound=method.leaves_words_early)
     if method.refines_boundaries:
-        refine_starts(timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS)
+        refine_starts(
+            timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS, language=language
+        )
         extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
+        join_ends(timed, speech, window.offset)
     words = timed
     token_timings = [
         TokenTiming(
