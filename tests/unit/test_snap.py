@@ -7,6 +7,7 @@ from tests.support.speech import synthesize_words
 from vllm_whisper_align.align.boundaries import (
     SPAN_EDGE_FRAMES,
     extend_ends,
+    extend_starts,
     join_ends,
     refine_starts,
     snap_to_speech,
@@ -100,7 +101,7 @@ def test_refine_moves_a_start_inside_speech_to_the_nearby_onset():
     speech = np.ones(150, dtype=bool)
     word = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([word], _rises(_onsets_with_peak_at(1.04)), speech, 0.0, 0.01)
-    assert word.start == 1.04
+    assert word.start == 1.03  # the frame the rise comes from: frame k's rise is from frame k - 1
     far = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([far], _rises(_onsets_with_peak_at(1.2)), speech, 0.0, 0.01)  # beyond ONSET_SEARCH_S
     assert far.start == 1.0  # nothing stronger in reach: it stays
@@ -112,11 +113,11 @@ def test_refine_weighs_onsets_by_their_distance():
     onsets[103] = 1.0  # and a weak one next to the start
     strong = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([strong], _rises(onsets), speech, 0.0, 0.01)
-    assert strong.start == 1.1
+    assert strong.start == 1.09
     onsets[102], onsets[110], onsets[111] = 3.0, 0.1, 3.5  # strong close, a little stronger far
     near = Word(1.0, 1.5, " w", 1.0, [1])
     refine_starts([near], _rises(onsets), speech, 0.0, 0.01)
-    assert near.start == 1.02
+    assert near.start == 1.01
 
 
 @pytest.mark.parametrize(
@@ -154,13 +155,13 @@ def test_a_quiet_start_takes_the_fall_and_a_loud_one_the_rise():
     flux = SpectralFlux(rises, falls)
     stop = Word(1.0, 1.5, " to", 1.0, [1])
     refine_starts([stop], flux, speech, 0.0, 0.01)
-    assert stop.start == 0.96
+    assert stop.start == 0.95
     vowel = Word(1.0, 1.5, " a", 1.0, [1])
     refine_starts([vowel], flux, speech, 0.0, 0.01)
-    assert vowel.start == 1.06
+    assert vowel.start == 1.05
     german = Word(1.0, 1.5, " to", 1.0, [1])  # the same spelling in a German text: the rise
     refine_starts([german], flux, speech, 0.0, 0.01, language="de")
-    assert german.start == 1.06
+    assert german.start == 1.05
 
 
 def test_refine_leaves_starts_after_silence_and_never_crosses_the_previous_word():
@@ -178,7 +179,7 @@ def test_refine_respects_the_offset():
     speech = np.ones(150, dtype=bool)
     word = Word(31.0, 31.5, " w", 1.0, [1])
     refine_starts([word], _rises(_onsets_with_peak_at(0.97)), speech, 30.0, 0.01)
-    assert word.start == 30.97
+    assert word.start == 30.96
 
 
 def test_extend_ends_runs_an_end_inside_sound_on_to_the_pause():
@@ -232,3 +233,26 @@ def test_join_ends_respects_the_offset_and_overlaps():
     words = [Word(30.0, 30.3, " a", 1.0, [1]), Word(30.2, 30.5, " b", 1.0, [2])]
     join_ends(words, speech, 30.0)
     assert words[0].end == 30.2  # an end past the next start is cut back to it
+
+
+def test_extend_starts_runs_a_start_after_a_pause_back_through_its_quiet_head():
+    # the word before ends at 0.4; silence to 0.8; a quiet head 0.8-0.86; the voice from 0.86
+    speech = np.array([1] * 20 + [0] * 23 + [1] * 20, dtype=bool)
+    sound = np.array([1] * 20 + [0] * 20 + [1] * 23, dtype=bool)
+    before, word = Word(0.0, 0.4, " a", 1.0, [1]), Word(0.86, 1.2, " he", 1.0, [2])
+    extend_starts([before, word], speech, 0.0, sound)
+    assert (before.start, word.start) == (0.0, 0.8)
+
+
+def test_extend_starts_leaves_sound_that_goes_on_further_than_a_head():
+    speech = np.array([0] * 20 + [1] * 20, dtype=bool)
+    hum = np.ones(40, dtype=bool)  # room tone over the noise floor all the way back: no head begins
+    word = Word(0.4, 0.8, " he", 1.0, [1])
+    extend_starts([word], speech, 0.0, hum)
+    assert word.start == 0.4
+    inside = Word(0.5, 0.8, " he", 1.0, [1])  # a start inside speech is refine_starts' to move
+    extend_starts([inside], speech, 0.0, np.array([0] * 17 + [1] * 23, dtype=bool))
+    assert inside.start == 0.5
+    first = Word(30.04, 30.4, " he", 1.0, [1])  # a head from the input's first frame, at an offset
+    extend_starts([first], np.array([0, 0] + [1] * 18, dtype=bool), 30.0, np.ones(20, dtype=bool))
+    assert first.start == 30.0

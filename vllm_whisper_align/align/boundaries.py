@@ -32,6 +32,9 @@ FALL_WEIGHT = 2.0
 SPAN_EDGE_FRAMES = 2
 # extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
 TAIL_MAX_S = 0.15
+# extend_starts: how far (s) a start after a pause may run back through the word's quiet head (an /h/,
+# /s/ or /f/ before the voice) that the speech mask leaves out.
+HEAD_MAX_S = 0.1
 
 
 def snap_to_speech(
@@ -77,6 +80,40 @@ def snap_to_speech(
         word.end = round_time(offset + (first + end_run[1]) * frame_seconds)
 
 
+def extend_starts(
+    words: list[Word],
+    speech: np.ndarray,
+    offset: float,
+    sound: np.ndarray,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
+) -> None:
+    """Move each start that follows a pause back through the word's quiet head, in place: the mirror of
+    :func:`extend_ends`' quiet tail.
+
+    A word that begins unvoiced (an /h/, /s/, /f/, a breathy onset) begins below the speech mask's level,
+    so ``snap_to_speech`` put its start on its voice. ``sound`` (``audio.features.sound_frames``) marks
+    that quieter sound: the start runs back through it when it begins after silence within
+    ``HEAD_MAX_S`` (sound that goes on further back is room tone or the word before, not a head), and
+    never before the previous word's end.
+    """
+    for index, word in enumerate(words):
+        start = int(round((word.start - offset) / frame_seconds))
+        if not 0 < start < min(len(speech), len(sound)) or not speech[start] or speech[start - 1]:
+            continue  # not a start at the edge of a pause
+        lowest = 0 if index == 0 else max(0, int(round((words[index - 1].end - offset) / frame_seconds)))
+        reach = max(lowest, start - int(round(HEAD_MAX_S / frame_seconds)))
+        # the frames before the start, nearest first, with one more past the reach to see where it begins
+        before = sound[max(0, reach - 1) : start][::-1]
+        silent = np.flatnonzero(~before)
+        if len(silent):
+            head = int(silent[0])
+        elif reach == 0:
+            head = start  # the head runs back to the input's first frame
+        else:
+            continue
+        word.start = round_time(offset + (start - head) * frame_seconds)
+
+
 def join_ends(
     words: list[Word], speech: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS
 ) -> None:
@@ -112,7 +149,8 @@ def refine_starts(
     language: str | None = "en",
 ) -> None:
     """Move each start that follows sound to the strongest onset within ``ONSET_SEARCH_S`` of it, each
-    onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``).
+    onset's strength weighed by its distance from the start (a Gaussian of ``ONSET_DISTANCE_S``); the
+    start goes to the frame that onset rises from.
 
     DTW only knows 20 ms encoder frames, and in continuous speech (no silence to snap to) its start
     can sit a frame or more off the real one. ``flux`` is the audio's spectral rises and falls per
@@ -142,7 +180,10 @@ def refine_starts(
                 pull = onsets[first : last + 1] * np.exp(-0.5 * (distance / ONSET_DISTANCE_S) ** 2)
                 peak = first + int(np.argmax(pull))
                 if pull[peak - first] > onsets[current]:  # nothing pulls harder than where it is: stay
-                    word.start = round_time(offset + peak * onset_seconds)
+                    # The word starts at the frame its strongest rise comes from (frame k's rise is
+                    # measured from frame k - 1): a real onset rises over several frames, and the
+                    # sound is there before the frame of its steepest rise.
+                    word.start = round_time(offset + max(first, peak - 1) * onset_seconds)
         previous_end = original_end
 
 

@@ -20,7 +20,13 @@ import numba
 import numpy as np
 
 from vllm_whisper_align.align import timing
-from vllm_whisper_align.align.boundaries import extend_ends, join_ends, refine_starts, snap_to_speech
+from vllm_whisper_align.align.boundaries import (
+    extend_ends,
+    extend_starts,
+    join_ends,
+    refine_starts,
+    snap_to_speech,
+)
 from vllm_whisper_align.align.words import (
     SENTENCE_END_MARKS,
     Word,
@@ -220,7 +226,9 @@ def window_words(
         refine_starts(
             timed, spectral_flux(samples), speech, window.offset, ONSET_FRAME_SECONDS, language=language
         )
-        extend_ends(timed, speech, window.offset, sound=sound_frames(samples))
+        sound = sound_frames(samples)
+        extend_ends(timed, speech, window.offset, sound=sound)
+        extend_starts(timed, speech, window.offset, sound)
         join_ends(timed, speech, window.offset)
     words = timed
     token_timings = [

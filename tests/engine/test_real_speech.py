@@ -1,0 +1,71 @@
+"""Word boundaries on real human speech through a real engine (tiny.en): the recordings PyPI packages ship
+with word-level truth (tests/support/real_speech.py), as they are and joined by pauses filled with their own
+room tone and breath. The truth is itself an automatic alignment for most words (trust it to ~50 ms); the
+figures beside these thresholds are in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.support import real_speech
+from tests.support.speech import end_errors, start_errors
+
+FAR_OFF_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def joined(real_clips):
+    """Pairs of LibriVox sentences with 0.6-1.5 s pauses of room tone (and a breath in every other)."""
+    return real_speech.joined_with_pauses(real_clips)
+
+
+def errors(clips, results) -> tuple[np.ndarray, np.ndarray]:
+    """|start error| and |end error| (s) of every truth word; inf where the result lacks the word."""
+    starts = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
+    ends = np.concatenate([end_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
+    return starts, ends
+
+
+def report(name: str, starts: np.ndarray, ends: np.ndarray) -> None:
+    heard = np.isfinite(starts)
+    print(
+        f"\n{name}: {heard.mean():.0%} of {len(starts)} words heard; starts "
+        f"{np.mean(starts <= 0.05):.1%} / {np.mean(starts <= 0.1):.1%} within 50 / 100 ms, "
+        f"{np.sum(heard & (starts > FAR_OFF_S))} over 0.5 s off; ends {np.mean(ends <= 0.05):.1%} / "
+        f"{np.mean(ends <= 0.1):.1%}"
+    )
+
+
+def test_forced_alignment_of_real_recordings(aligner, real_clips):
+    results = aligner.align([c.samples for c in real_clips], [c.text for c in real_clips])
+    starts, ends = errors(real_clips, results)
+    report("real, forced", starts, ends)
+    assert np.isfinite(starts).all()  # forced: every word of the text comes back
+    assert np.mean(starts <= 0.05) >= 0.66
+    assert np.mean(starts <= 0.10) >= 0.86
+    assert np.mean(ends <= 0.05) >= 0.62  # a word running into the next ends where the next begins
+
+
+def test_words_after_real_pauses_start_and_end_on_the_voice(aligner, joined):
+    """Room tone and breath in a pause are not speech: no start is pulled a second early into them, and
+    ends run through a word's sound, not through the room tone after it."""
+    results = aligner.align([c.samples for c in joined], [c.text for c in joined])
+    starts, ends = errors(joined, results)
+    report("real with pauses, forced", starts, ends)
+    assert np.sum(starts > FAR_OFF_S) <= 3
+    assert np.sum(ends > FAR_OFF_S) <= 3
+    assert np.mean(starts <= 0.05) >= 0.67
+    assert np.mean(ends <= 0.05) >= 0.62
+
+
+def test_transcription_of_real_recordings_with_pauses(aligner, joined):
+    results = aligner.transcribe([c.samples for c in joined], language="en")
+    starts, ends = errors(joined, results)
+    report("real with pauses, transcribed", starts, ends)
+    heard = np.isfinite(starts)
+    assert heard.mean() >= 0.85
+    assert np.sum(heard & (starts > FAR_OFF_S)) <= 1
+    assert np.mean(starts[heard] <= 0.05) >= 0.66
+    assert np.mean(ends[heard] <= 0.05) >= 0.62
