@@ -15,17 +15,20 @@ from vllm_whisper_align.server.limits import ServerLimits
 
 if TYPE_CHECKING:
     from vllm_whisper_align.runners.service import AlignmentService
+    from vllm_whisper_align.server.uploads import Decoders
 
 logger = get_logger(__name__)
 
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine's runner, the names the model is served under, the limits."""
+    """What the routes share: the engine's runner, the names the model is served under, the limits, the
+    decoding lanes."""
 
     service: AlignmentService
     served_model_names: list[str]
     limits: ServerLimits
+    decoders: Decoders
 
     def check_model(self, model: str | None) -> None:
         from vllm_whisper_align.server.errors import RequestError
@@ -45,12 +48,15 @@ class WhisperAlignEndpoints:
     required_tasks = ("transcription",)
 
     def attach_router(self, app: FastAPI) -> None:
+        from vllm_whisper_align.server.errors import answer_errors_as_openai
         from vllm_whisper_align.server.routes import router
 
         app.include_router(router)
+        answer_errors_as_openai(app)
 
     async def init_state(self, engine_client, state: State, args: Namespace) -> None:
         from vllm_whisper_align.runners.service import AlignmentService
+        from vllm_whisper_align.server.uploads import Decoders
 
         if engine_client is None:
             logger.warning("whisper-align: no engine (render-only server); routes will answer 503")
@@ -59,4 +65,4 @@ class WhisperAlignEndpoints:
         names = getattr(args, "served_model_name", None) or [args.model]
         limits = ServerLimits.from_env()
         service = await AlignmentService.create(engine_client, max_audio_s=limits.max_audio_s)
-        state.whisper_align = ServerState(service, list(names), limits)
+        state.whisper_align = ServerState(service, list(names), limits, Decoders())
