@@ -17,7 +17,9 @@ rates named there, a third with noise), for choosing constants; *held*, the benc
 continuous clips (``make_continuous``), for checking them; *pauses*, the benchmark's 48 short clips of
 words with pauses (in voices of the dev set: constants for speech with pauses were chosen on it);
 *pauses-held*, 24 clips of the held-out sentences spoken word by word in the held-out voices and rates,
-for checking those.
+for checking those; *real*, the real recordings of tests/support/real_speech.py (docs/real-speech-set.md),
+scored by real_speech_bench's rules (every truth word, starts and ends); *real-pauses*, those recordings
+joined by pauses of their own room tone and a breath (``joined_with_pauses``).
 """
 
 from __future__ import annotations

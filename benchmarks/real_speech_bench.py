@@ -386,7 +386,12 @@ def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
     """(figures overall and per kind, one record per truth word)."""
     per_kind = {kind: ([], []) for kind in KINDS}
     records = []
+    # A kind none of whose clips the run was given (raw outputs from before the clips existed) is not
+    # scored: zeros would read as a system that heard nothing.
+    run_kinds = {entry["kind"] for clip_id, entry in truth.items() if clip_id in result["files"]}
     for clip_id, entry in truth.items():
+        if entry["kind"] not in run_kinds:
+            continue
         errors = word_errors(entry, with_dtw_times(result["files"].get(clip_id, {})))
         per_kind[entry["kind"]][0].append(errors["start"])
         per_kind[entry["kind"]][1].append(errors["end"])
