@@ -24,7 +24,7 @@ from vllm_whisper_align.align.words import Word
 GOOD_WITHIN_S = 0.1
 # Forced alignment: a word whose confidence is under this is ``aligned: false`` (text that the audio
 # does not hold, or holds nowhere near where it was placed).
-ALIGNED_MIN_CONFIDENCE = 0.2
+ALIGNED_MIN_CONFIDENCE = 0.1
 # One encoder frame: the DTW's resolution.
 FRAME_S = 0.02
 # How far before a start to look for silence (a start after a pause is where the sound begins).
