@@ -25,9 +25,11 @@ joined by pauses of their own room tone and a breath (``joined_with_pauses``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pickle
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -120,12 +122,44 @@ def recording_path(model: str) -> Path:
 
 
 def record(out: Path, model: str) -> None:
-    from vllm_whisper_align.align import results
-    from vllm_whisper_align.audio.windows import AudioChunk
     from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.runners.offline import WhisperAligner
 
     sets = clip_sets()
+    recorded: dict = {
+        "version": RECORDING_VERSION,
+        "model": model,
+        "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()},
+        "real": {
+            name: {
+                c.id: {"kind": c.kind, "words": c.words, "starts": c.starts, "ends": c.ends} for c in clips
+            }
+            for name, clips in real_sets().items()
+        },
+    }
+    with WhisperAligner(resolve_model(model), dtype="float32") as aligner, kept_calls() as calls:
+        for name, clips in sets.items():
+            audio = [clip.samples for clip in clips]
+            for mode in MODES:
+                calls.clear()
+                if mode == "forced":
+                    aligner.align(audio, [clip.text for clip in clips])
+                else:
+                    aligner.transcribe(audio, language="en")
+                recorded[(name, mode)] = in_input_order(calls, audio)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as file:
+        pickle.dump(recorded, file)
+    print(f"recorded {sum(len(c) for c in sets.values())} clips to {out}")
+
+
+@contextlib.contextmanager
+def kept_calls() -> Iterator[list[dict]]:
+    """While open, every call of ``align.results.window_results`` is kept in the list yielded: what the
+    engine handed it for each window."""
+    from vllm_whisper_align.align import results
+    from vllm_whisper_align.audio.windows import AudioChunk
+
     calls: list[dict] = []
     window_results = results.window_results
 
@@ -140,31 +174,10 @@ def record(out: Path, model: str) -> None:
         return window_results(windows, fetched, tokens, info)
 
     results.window_results = keep
-    recorded: dict = {
-        "version": RECORDING_VERSION,
-        "model": model,
-        "clips": {name: [(c.words, c.starts, c.ends, c.text) for c in clips] for name, clips in sets.items()},
-        "real": {
-            name: {
-                c.id: {"kind": c.kind, "words": c.words, "starts": c.starts, "ends": c.ends} for c in clips
-            }
-            for name, clips in real_sets().items()
-        },
-    }
-    with WhisperAligner(resolve_model(model), dtype="float32") as aligner:
-        for name, clips in sets.items():
-            audio = [clip.samples for clip in clips]
-            for mode in MODES:
-                calls.clear()
-                if mode == "forced":
-                    aligner.align(audio, [clip.text for clip in clips])
-                else:
-                    aligner.transcribe(audio, language="en")
-                recorded[(name, mode)] = in_input_order(calls, audio)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "wb") as file:
-        pickle.dump(recorded, file)
-    print(f"recorded {sum(len(c) for c in sets.values())} clips to {out}")
+    try:
+        yield calls
+    finally:
+        results.window_results = window_results
 
 
 def in_input_order(calls: list[dict], audio: list[np.ndarray]) -> list[dict]:

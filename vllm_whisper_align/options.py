@@ -319,7 +319,8 @@ FALLBACK_OPTIONS = (
         "no_speech_threshold",
         float,
         NO_SPEECH_THRESHOLD,
-        "no-speech probability above which an improbable window is dropped as silence",
+        "no-speech probability above which an improbable window is dropped as silence; none also decodes "
+        "windows with no voice in them",
         0.0,
         1.0,
         can_be_none=True,

@@ -8,6 +8,7 @@ import torch
 import whisper
 from whisper.timing import find_alignment
 
+from tests.support.plans import every_window_planned
 from vllm_whisper_align.engine.settings import CPU_ENCODER_WINDOWS_PER_STEP
 from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.options import FallbackOptions, TranscriptionOptions
@@ -249,7 +250,7 @@ def test_no_more_words_in_a_silent_tail_than_the_reference(aligner, clips, refer
 def test_no_speech_prob_is_high_on_silence_and_low_on_speech(aligner, clips):
     """openai-whisper's probability of the no-speech token at <|startoftranscript|>, per window."""
     plans = [
-        plan_transcription(samples, aligner.tokens, language="en", word_timestamps=False)
+        every_window_planned(samples, aligner.tokens, language="en", word_timestamps=False)
         for samples in (SILENCE_60S[: 16000 * 30], clips[1].samples)
     ]
     windows = [plan.windows[0] for plan in plans]

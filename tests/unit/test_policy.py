@@ -9,6 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 from whisper.transcribe import transcribe as reference_transcribe
 
+from tests.support.plans import every_window_planned
 from vllm_whisper_align.align.results import WindowOutput
 from vllm_whisper_align.errors import AlignmentInputError, OptionError
 from vllm_whisper_align.longform.steps import check_method
@@ -56,7 +57,7 @@ def test_fallback_and_silence_rules_are_the_references(ratio, logprob, no_speech
 
 def test_fall_back_replaces_only_failing_windows_with_fresh_keys(tokens):
     samples = np.zeros(16000 * 65, dtype=np.float32)
-    plan = decoding.plan_transcription(samples, tokens, language="en")
+    plan = every_window_planned(samples, tokens, language="en")
     first = list(plan.windows)
     good = WindowOutput([1], [-0.1], avg_logprob=-0.1, compression_ratio=1.0)
     bad = WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)
@@ -80,7 +81,7 @@ def test_when_every_temperature_fails_the_most_likely_attempt_stays(tokens):
     """faster-whisper's rule, not openai-whisper's (which keeps the last, at temperature 1.0): the least
     repetitive attempt, then the most probable; the others' captures go. One that passes wins outright."""
     samples = np.zeros(16000 * 20, dtype=np.float32)
-    plan = decoding.plan_transcription(samples, tokens, language="en")
+    plan = every_window_planned(samples, tokens, language="en")
     figures = [(-1.6, 1.0), (-1.2, 3.0), (-1.4, 1.5), (-3.0, 1.0), (-4.0, 1.2), (-5.2, 1.1)]  # T 0 .. 1
     attempts, discarded, pending = [], [], [0]
     for avg_logprob, ratio in figures:
@@ -93,7 +94,7 @@ def test_when_every_temperature_fails_the_most_likely_attempt_stays(tokens):
     assert not kept & set(discarded)
     assert set(discarded) == {k for a in attempts for k in a.capture_keys()} - kept  # nothing left parked
 
-    plan = decoding.plan_transcription(samples, tokens, language="en")
+    plan = every_window_planned(samples, tokens, language="en")
     first = plan.windows[0]
     fall_back(plan, [WindowOutput([1], [-1.5], avg_logprob=-1.5, compression_ratio=1.0)], [0])
     passing = [WindowOutput([1], [-0.5], avg_logprob=-0.5, compression_ratio=1.0)]
@@ -105,7 +106,7 @@ def test_when_every_temperature_fails_the_most_likely_attempt_stays(tokens):
 def test_sampled_attempts_run_best_of_candidates_with_their_own_seeds_and_keys(tokens, best_of):
     samples = np.zeros(16000 * 20, dtype=np.float32)
     options = TranscriptionOptions(best_of=best_of)
-    plan = decoding.plan_transcription(samples, tokens, language="en", options=options)
+    plan = every_window_planned(samples, tokens, language="en", options=options)
     assert plan.windows[0].candidates() == (plan.windows[0],)  # greedy: one
     fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     candidates = plan.windows[0].candidates()
@@ -124,7 +125,7 @@ def test_keep_best_ranks_as_the_references_maximum_likelihood_ranker(tokens):
 
     samples = np.zeros(16000 * 20, dtype=np.float32)
     options = TranscriptionOptions(best_of=3)
-    plan = decoding.plan_transcription(samples, tokens, language="en", options=options)
+    plan = every_window_planned(samples, tokens, language="en", options=options)
     fall_back(plan, [WindowOutput([1], [-2.0], avg_logprob=-2.0, compression_ratio=1.0)], [0])
     window = plan.windows[0]
     # (text token logprobs, eot logprob): a short confident text, a long one, a short improbable one.
@@ -156,9 +157,7 @@ def test_best_of_is_checked():
 
 
 def test_no_speech_row_is_after_the_previous_text(tokens):
-    plan = decoding.plan_transcription(
-        np.zeros(16000, np.float32), tokens, language="en", prompt="hello there"
-    )
+    plan = every_window_planned(np.zeros(16000, np.float32), tokens, language="en", prompt="hello there")
     window = plan.windows[0]
     assert window.prompt_token_ids[window.no_speech.row] == tokens.sot
     assert window.alignment.sot_row == window.no_speech.row
@@ -191,7 +190,7 @@ def test_characters_force_one_token_per_character(tokens):
 
 def test_characters_are_for_forced_alignment_of_one_window(tokens):
     with pytest.raises(OptionError, match="forced alignment"):
-        decoding.plan_transcription(
+        every_window_planned(
             np.zeros(16000, dtype=np.float32),
             tokens,
             language="en",

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from transformers import AutoConfig, AutoTokenizer
 
+from tests.support.plans import every_window_planned
 from vllm_whisper_align.align import results
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import AlignmentInputError
@@ -54,7 +55,7 @@ def test_alignment_needs_two_encoder_frames():
 
 @pytest.mark.parametrize("num_samples", [160, 319, 320, 479, 639])
 def test_too_short_to_align_still_gives_words_inside_the_audio(tokens, num_samples):
-    plan = decoding.plan_transcription(noise(num_samples), tokens, language="en")
+    plan = every_window_planned(noise(num_samples), tokens, language="en")
     [window] = plan.windows
     assert window.alignment is None  # nothing captured that the worker would have to keep
     result = answered(plan, tokens)
@@ -67,7 +68,7 @@ def test_too_short_to_align_still_gives_words_inside_the_audio(tokens, num_sampl
 
 
 def test_under_one_mel_frame_is_nothing_to_hear(tokens):
-    assert decoding.plan_transcription(noise(159), tokens, language="en").windows == []
+    assert every_window_planned(noise(159), tokens, language="en").windows == []
 
 
 @pytest.mark.parametrize("num_samples", [160, 639])
@@ -91,7 +92,7 @@ def test_times_stay_inside_the_window_whatever_the_matrix(tokens):
 def test_an_instantaneous_transcribed_segment_is_dropped_as_the_reference_does(tokens):
     """openai-whisper's transcribe clears a segment whose words take no time (text DTW could only
     squeeze into one instant: typically invented at a window's end)."""
-    plan = decoding.plan_transcription(noise(2000), tokens, language="en")
+    plan = every_window_planned(noise(2000), tokens, language="en")
     [window] = plan.windows
     rows = window.alignment.rows_sent(len(tokens.encode(TEXT)))
     result = answered(plan, tokens, cross_qk=np.full((1, rows, 6), np.nan, dtype=np.float32))

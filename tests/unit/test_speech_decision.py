@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from tests.support import real_speech
+from tests.support.no_speech import non_speech, pink_noise
 from vllm_whisper_align.audio import features
+from vllm_whisper_align.audio.windows import audible_windows
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 FRAME = features.SPEECH_FRAME_SECONDS
@@ -72,3 +74,20 @@ def test_a_click_or_a_short_burst_is_no_word():
     t = np.arange(int(0.04 * SAMPLE_RATE)) / SAMPLE_RATE
     samples[8000 : 8000 + len(t)] = 0.3 * np.sin(2 * np.pi * 150 * t)  # 40 ms of a voice
     assert not features.speech_frames(samples).any()
+
+
+@pytest.mark.parametrize("case", list(non_speech(long_s=120.0)))
+def test_audio_without_speech_holds_none(case):
+    """Digital silence, NaN, 10 ms, white and pink noise, tones and beeps: no window holds speech (each
+    of them made Whisper write text)."""
+    samples = non_speech(long_s=120.0)[case]
+    assert not any(features.holds_speech(w.samples) for w in audible_windows(samples)), case
+
+
+def test_every_window_of_speech_holds_speech(clips, real_clips):
+    """Synthetic sentences and real recordings, and each after 20 s of pink noise in its window."""
+    for clip in [*clips, *real_clips]:
+        assert features.holds_speech(clip.samples)
+        assert features.holds_speech(
+            np.concatenate([pink_noise(20.0, seed=1), clip.samples])[-30 * SAMPLE_RATE :]
+        )

@@ -27,6 +27,7 @@ from vllm_whisper_align.align.boundaries import (
     refine_starts,
     snap_to_speech,
 )
+from vllm_whisper_align.align.confidence import request_confidence, set_confidences, word_evidence
 from vllm_whisper_align.align.words import (
     SENTENCE_END_MARKS,
     Word,
@@ -34,7 +35,13 @@ from vllm_whisper_align.align.words import (
     round_time,
     word_timings,
 )
-from vllm_whisper_align.audio.features import ONSET_FRAME_SECONDS, sound_frames, spectral_flux, speech_frames
+from vllm_whisper_align.audio.features import (
+    ONSET_FRAME_SECONDS,
+    holds_speech,
+    sound_frames,
+    spectral_flux,
+    speech_frames,
+)
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.options import METHODS, compression_ratio, method_named
 from vllm_whisper_align.protocol import AlignmentParams
@@ -96,6 +103,12 @@ class Transcript:
     # choices there (WindowOutput.token_ranks).
     token_ranks: list[int] | None = None
 
+    @property
+    def confidence(self) -> float | None:
+        """The words' mean alignment confidence: the share of them expected within 100 ms of where they
+        are spoken (align.confidence; None without words or confidences)."""
+        return request_confidence(self.words or [])
+
     def to_dict(self) -> dict[str, Any]:
         """OpenAI's verbose_json body (+ ``tokens`` with per-token times when words were asked, and
         ``aligned`` on each word of a forced alignment)."""
@@ -109,6 +122,8 @@ class Transcript:
         if self.words is not None:
             body["words"] = [w.to_dict(with_aligned=self.task == "align") for w in self.words]
             body["tokens"] = [t.to_dict() for t in self.tokens or []]
+            if self.confidence is not None:
+                body["confidence"] = self.confidence
             if self.alignment_errors:
                 body["alignment_errors"] = list(self.alignment_errors)
         if self.token_ranks is not None:
@@ -199,10 +214,16 @@ def window_matrix(window: DecodedWindow, fetched: dict | None) -> np.ndarray:
 
 
 def window_words(
-    window: DecodedWindow, jumps: np.ndarray, tokens: WhisperTokens, language: str, last_speech: float
+    window: DecodedWindow,
+    jumps: np.ndarray,
+    tokens: WhisperTokens,
+    language: str,
+    last_speech: float,
+    matrix: np.ndarray | None = None,
 ) -> tuple[list[Word], list[TokenTiming], float]:
-    """Words (absolute times, boundaries moved to the audio) and token timings of one window, and the
-    new ``last_speech_timestamp`` of the reference's duration rules."""
+    """Words (absolute times, boundaries moved to the audio, each with its confidence where ``matrix``,
+    the DTW's input, was read) and token timings of one window, and the new ``last_speech_timestamp``
+    of the reference's duration rules."""
     output = window.output
     text_tokens = output.token_ids[: len(jumps) - 1]
     probs = np.exp(np.asarray(output.token_logprobs[: len(text_tokens)], dtype=np.float64))
@@ -231,6 +252,18 @@ def window_words(
         extend_starts(timed, speech, window.offset, sound)
         join_ends(timed, speech, window.offset)
     words = timed
+    if matrix is not None:
+        evidence = word_evidence(
+            words,
+            matrix,
+            jumps,
+            speech,
+            window.offset,
+            output.token_logprobs[: len(text_tokens)],
+            holds_speech(samples),
+            window.forced,
+        )
+        set_confidences(words, evidence, window.forced)
     token_timings = [
         TokenTiming(
             int(token),
@@ -350,7 +383,7 @@ def window_results(
         token_timings: list[TokenTiming] = []
         if jumps is not None:
             words, token_timings, last_speech = window_words(
-                window, jumps, tokens, info.language, last_speech
+                window, jumps, tokens, info.language, last_speech, matrix
             )
         segments, pieces = window_segments(window, words, text)
         if words:  # only what the kept segments hold

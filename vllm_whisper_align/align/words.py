@@ -38,10 +38,21 @@ class Word:
     # Forced alignment: False for given text that is not in the audio (longform), placed at a zero-length
     # span where the aligned words around it leave off.
     aligned: bool = True
+    # How likely its start is within 100 ms of where it is spoken (align.confidence); None where no
+    # alignment was read (a window too short to align).
+    confidence: float | None = None
 
     def to_dict(self, with_aligned: bool = False) -> dict[str, Any]:
-        """OpenAI's word object (and ``aligned``, for a forced alignment's words)."""
-        body = {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+        """OpenAI's word object (and ``aligned``, for a forced alignment's words; ``confidence`` where
+        there is one)."""
+        body: dict[str, Any] = {
+            "word": self.word,
+            "start": self.start,
+            "end": self.end,
+            "probability": self.probability,
+        }
+        if self.confidence is not None:
+            body["confidence"] = self.confidence
         if with_aligned:
             body["aligned"] = self.aligned
         return body

@@ -141,6 +141,71 @@ def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
     return speech
 
 
+# ---------------------------------------------------------------------------- any speech at all
+
+# A window holds speech when this many frames of its speech mask carry a voice that is not one tone.
+# Given digital silence, white or pink noise, or tones, Whisper still writes text ("you", a sentence over
+# and over): such a window is not decoded. Every speech window of the synthetic and real sets holds 14
+# such frames or more (benchmarks/RESULTS.md#no-speech); 100 ms is less than one stressed syllable.
+MIN_VOICE_FRAMES = 5
+# A frame is one tone (a beep, a whistle, a sweep, hum, the rumble of brown noise) when the band of
+# +-SINGLE_TONE_HZ about its strongest frequency holds SINGLE_TONE_SHARE of its power: a voice spreads its
+# power over harmonics and formants.
+SINGLE_TONE_HZ = 100.0
+SINGLE_TONE_SHARE = 0.9
+# Frames either side of a run of the mask read with it (voiced_frames looks 1.5 frames ahead).
+VOICE_CONTEXT_FRAMES = 2
+# The spectrum of a 20 ms frame, zero-padded to this many samples (16 Hz bins at 16 kHz).
+SINGLE_TONE_FFT = 1024
+
+
+def holds_speech(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bool:
+    """Whether ``samples`` hold MIN_VOICE_FRAMES frames of speech: under the speech mask, voiced, and
+    not one tone. Read run by run of the mask, stopping as soon as enough are found (a speech window
+    is settled by its first words)."""
+    samples = np.nan_to_num(np.asarray(samples, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
+    frame = int(SPEECH_FRAME_SECONDS * sample_rate)
+    speech = speech_frames(samples, sample_rate)
+    # Voicing of the first difference: pink and brown noise, strong at low frequencies, correlate over a
+    # voice's pitch lags by chance (up to 15 frames a window of pink noise); the difference flattens
+    # them, and a voice's harmonics stay periodic.
+    flattened = np.diff(samples, prepend=samples[:1])
+    found = 0
+    for start, end in zip(*true_runs(speech), strict=True):
+        # Voicing reads two frames about each one: the run is read with its neighbours, and a frame
+        # without them (at the window's edge) is not counted, as the zeros padded there correlate.
+        low, high = max(start - VOICE_CONTEXT_FRAMES, 0), min(end + VOICE_CONTEXT_FRAMES, len(speech))
+        piece = slice(low * frame, high * frame)
+        usable = np.zeros(high - low, dtype=bool)
+        usable[start - low : end - low] = True
+        usable[:VOICE_CONTEXT_FRAMES] = usable[high - low - VOICE_CONTEXT_FRAMES :] = False
+        voiced = voiced_frames(flattened[piece], sample_rate)
+        count = min(len(voiced), len(usable))
+        tone = single_tone_frames(samples[piece], sample_rate)[:count]
+        found += int((voiced[:count] & ~tone & usable[:count]).sum())
+        if found >= MIN_VOICE_FRAMES:
+            return True
+    return False
+
+
+def single_tone_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per whole 20 ms frame: the band about the strongest frequency holds nearly all the power."""
+    frame = int(SPEECH_FRAME_SECONDS * sample_rate)
+    num_frames = len(samples) // frame
+    if num_frames == 0:
+        return np.zeros(0, dtype=bool)
+    frames = np.asarray(samples[: num_frames * frame], dtype=np.float64).reshape(num_frames, frame)
+    power = np.abs(np.fft.rfft(frames * np.hanning(frame), SINGLE_TONE_FFT, axis=1)) ** 2
+    half_band = int(round(SINGLE_TONE_HZ * SINGLE_TONE_FFT / sample_rate))
+    cumulative = np.concatenate([np.zeros((num_frames, 1)), np.cumsum(power, axis=1)], axis=1)
+    peak = power.argmax(axis=1)
+    low = np.maximum(peak - half_band, 0)
+    high = np.minimum(peak + half_band + 1, power.shape[1])
+    rows = np.arange(num_frames)
+    in_band = cumulative[rows, high] - cumulative[rows, low]
+    return in_band >= SINGLE_TONE_SHARE * np.maximum(cumulative[:, -1], 1e-30)
+
+
 # ---------------------------------------------------------------------------- onsets
 
 # Spectral flux on Whisper's own STFT geometry: 25 ms windows every 10 ms.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vllm_whisper_align.audio.decode import SpilledSamples
-from vllm_whisper_align.audio.features import true_runs
+from vllm_whisper_align.audio.features import holds_speech, true_runs
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE, num_mel_frames
 
 # Cuts between chunks are searched for in this many seconds at the end of each window.
@@ -94,6 +94,11 @@ def chunk_audio(
 def audible_windows(samples: np.ndarray | SpilledSamples) -> list[AudioChunk]:
     """The windows of ``chunk_audio`` that hold a mel frame: the ones a model can hear anything in."""
     return [chunk for chunk in chunk_audio(samples) if num_mel_frames(chunk.num_samples) > 0]
+
+
+def speech_windows(samples: np.ndarray | SpilledSamples) -> list[AudioChunk]:
+    """The audible windows that hold speech (``features.holds_speech``): the ones worth transcribing."""
+    return [chunk for chunk in audible_windows(samples) if holds_speech(chunk.samples)]
 
 
 def _quietest_point(region: np.ndarray, frame_length: int) -> int:

@@ -165,10 +165,12 @@ class _WindowWords:
         if len(self.words) == self.num_items:  # the word rules' times (durations, out of silence)
             timed = self.words[position]
             start, end, probability = timed.start, timed.end, timed.probability
+            aligned, confidence = timed.aligned, timed.confidence
         else:
             start, end = timings[0].start, timings[-1].end
             probability = float(np.mean([t.probability for t in timings]))
-        chosen = Word(start, end, word.text, probability, list(word.tokens))
+            aligned, confidence = True, None
+        chosen = Word(start, end, word.text, probability, list(word.tokens), aligned, confidence)
         self.chosen.append((chosen, [float(np.log(max(t.probability, 1e-30))) for t in timings]))
         return chosen, timings
 
@@ -185,9 +187,9 @@ class _WindowWords:
 
 
 def _unaligned(word: TextWord, time: float, tokens: WhisperTokens) -> tuple[Word, list[TokenTiming]]:
-    """A word aligned nowhere: zero length at ``time``, probability 0."""
+    """A word aligned nowhere: zero length at ``time``, probability and confidence 0."""
     timings = [TokenTiming(t, tokens.decode_with_special([t]), time, time, 0.0) for t in word.tokens]
-    return Word(time, time, word.text, 0.0, list(word.tokens), aligned=False), timings
+    return Word(time, time, word.text, 0.0, list(word.tokens), aligned=False, confidence=0.0), timings
 
 
 def _unaligned_times(aligned: list[Word | None]) -> np.ndarray:

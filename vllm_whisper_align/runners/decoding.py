@@ -21,7 +21,7 @@ from vllm import SamplingParams
 
 from vllm_whisper_align.align.results import DecodedWindow, RequestInfo, WindowOutput
 from vllm_whisper_align.audio.decode import SpilledSamples
-from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
+from vllm_whisper_align.audio.windows import AudioChunk, audible_windows, speech_windows
 from vllm_whisper_align.constants import (
     CHUNK_SECONDS,
     MAX_DECODER_TOKENS,
@@ -246,8 +246,10 @@ def plan_transcription(
     prompt: str | None = None,
     options: TranscriptionOptions | None = None,
     suppress_tokens: Sequence[int] = (),
+    windows: Sequence[AudioChunk] | None = None,
 ) -> Plan:
-    """One request per ≤30 s window, decoded as ``options`` say (default: openai-whisper's transcribe
+    """One request per ≤30 s window of ``windows`` (default :func:`windows_to_decode`, NumPy work that a
+    caller on an event loop runs apart), decoded as ``options`` say (default: openai-whisper's transcribe
     options; the temperature is the fallback schedule's first)."""
     options = options or TranscriptionOptions()
     if not options.method.transcribes:
@@ -275,11 +277,23 @@ def plan_transcription(
             fallback.temperatures[0],
             fallback.best_of,
         )
-        for chunk in audible_windows(samples)
+        for chunk in (windows_to_decode(samples, options) if windows is None else windows)
     ]
     language = "en" if tokens.is_english_only else language
     info = RequestInfo(task, language or "en", len(samples) / SAMPLE_RATE, word_timestamps)
     return Plan(windows, info, fallback)
+
+
+def windows_to_decode(
+    samples: np.ndarray | SpilledSamples, options: TranscriptionOptions | None = None
+) -> list[AudioChunk]:
+    """The windows worth transcribing: those that hold speech (``audio.windows.speech_windows``), since
+    Whisper writes text into digital silence, noise and tones; every audible one when the no-speech rule
+    is off (``no_speech_threshold`` none: each window decoded and its ``no_speech_prob`` reported)."""
+    options = options or TranscriptionOptions()
+    if options.fallback.no_speech_threshold is None:
+        return audible_windows(samples)
+    return speech_windows(samples)
 
 
 def plan_hearing(

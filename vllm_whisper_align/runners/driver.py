@@ -192,7 +192,9 @@ def transcription(
     """One input transcribed (or translated): its language detected where none is given (multilingual
     models), its windows decoded with openai-whisper's fallback, their words timed."""
     facts.tokens.check_language(language, task)
-    if language is None and facts.language_detection is not None and len(samples):
+    # Which windows hold speech (none: nothing is decoded): NumPy work of milliseconds a window.
+    [windows] = yield Compute([lambda: decoding.windows_to_decode(samples, options)])
+    if language is None and facts.language_detection is not None and windows:
         language = yield from detect_language(samples, facts)
     plan = decoding.plan_transcription(
         samples,
@@ -203,6 +205,7 @@ def transcription(
         prompt=prompt,
         options=options,
         suppress_tokens=facts.suppress_tokens,
+        windows=windows,
     )
     return (yield from run_plan(plan, facts.tokens))
 
