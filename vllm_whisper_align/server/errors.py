@@ -39,7 +39,11 @@ def http_error(error: InputError) -> RequestError:
     return RequestError(str(error), error.param)
 
 
-def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
+def error_body(message: str, param: str | None = None, status: int = 400) -> dict:
+    """OpenAI's error body (also what a streamed answer's error event carries)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
+    return JSONResponse(error_body(message, param, status), status_code=status)
