@@ -383,6 +383,15 @@ def together(drivers: Sequence[Driver], prefix: str = "") -> Generator[Command, 
     return results
 
 
+def settled(work: Driver) -> Generator[Command, Any, tuple[Any, Exception | None]]:
+    """``work`` whose failure is its own: (its result, None), or (None, the error it raised), so that
+    one driver's failure among several run :func:`together` fails none of the others."""
+    try:
+        return (yield from work), None
+    except Exception as error:
+        return None, error
+
+
 def _step(drivers, k: int, answer: Any, error: BaseException | None, commands: dict, results: list) -> None:
     """Sends driver ``k`` its answer (or throws its error) and keeps its next command, or its result."""
     try:

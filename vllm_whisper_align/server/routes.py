@@ -193,9 +193,11 @@ async def create_translation(raw_request: Request):
 
 @router.get("/v1/audio/alignments/stats")
 async def alignment_stats(raw_request: Request):
-    """What the workers hold for word timestamps: live requests, unfetched results, bytes."""
+    """What the workers hold for word timestamps: live requests, unfetched results, bytes; and the open
+    realtime streams and the audio their buffers hold."""
     try:
-        return JSONResponse(await _state(raw_request).service.stats())
+        state = _state(raw_request)
+        return JSONResponse({**await state.service.stats(), **state.live.stats()})
     except InputError as error:
         error = http_error(error)
         return error_response(error.message, error.param, error.status)
