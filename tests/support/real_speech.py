@@ -780,6 +780,10 @@ def breath(seconds: float, rms: float, rng: np.random.Generator) -> np.ndarray:
     return (burst * rms / max(float(np.sqrt(np.mean(burst**2))), 1e-12)).astype(np.float32)
 
 
+# The kind of joined_with_pauses's clips (the recordings' kinds: "read", "lab", "spontaneous").
+JOINED_KIND = "read, joined"
+
+
 def joined_with_pauses(clips: list[Clip], seed: int = 0) -> list[Clip]:
     """Every ordered pair of the LibriVox sentences, joined by a pause of room tone (PAUSES_S in turn),
     a breath before the second sentence in every other pair, and LEAD_IN_S of room tone first."""
@@ -816,7 +820,7 @@ def joined_with_pauses(clips: list[Clip], seed: int = 0) -> list[Clip]:
                 id=f"{first.id}+{second.id}{'+breath' if with_breath else ''}",
                 source=first.source,
                 path=first.path,
-                kind="read, joined",
+                kind=JOINED_KIND,
                 kind_basis="two LibriVox sentences joined by a pause of their room tone",
                 samples=np.concatenate(parts).astype(np.float32),
                 words=first.words + second.words,

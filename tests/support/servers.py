@@ -168,3 +168,26 @@ def disconnect_mid_request(base: str, audio: bytes) -> None:
             request.cancel()  # closes the connection
 
     asyncio.run(post_then_disconnect())
+
+
+def transcribe_raw(server: str, audio: bytes, headers: dict | None = None, **fields) -> httpx.Response:
+    """POST ``audio`` to /v1/audio/transcriptions with form ``fields`` (a list: the field repeated)."""
+    data = {
+        name: [str(v) for v in value] if isinstance(value, list) else str(value)
+        for name, value in fields.items()
+    }
+    return httpx.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("clip.wav", audio, "audio/wav")},
+        data=data,
+        headers=headers,
+        timeout=600,
+    )
+
+
+def assert_openai_error(response: httpx.Response, param_or_text: str, status: int = 400) -> None:
+    """``response`` is a ``status`` with OpenAI's error body naming ``param_or_text``."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert param_or_text in (error.get("param") or "") + error["message"]

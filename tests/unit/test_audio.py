@@ -2,6 +2,7 @@ import io
 import json
 import shutil
 import subprocess
+import threading
 import time
 import tracemalloc
 from fractions import Fraction
@@ -13,14 +14,17 @@ import soundfile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.silence import state_total_samples, write_silent_flac
+from tests.support.silence import state_total_samples, write_constant_flac, write_silent_flac
 from tests.support.speech import long_clip, sentence_clips, write_wav
 from vllm_whisper_align.audio.decode import (
+    MAX_VALUES_PER_BYTE,
     SPILL_AFTER_WINDOWS,
     AudioError,
     AudioTooLongError,
+    DecodeStopped,
     SpilledSamples,
     decode_audio,
+    stated_seconds,
 )
 from vllm_whisper_align.audio.windows import MIN_CHUNK_SECONDS, AudioChunk, chunk_audio
 from vllm_whisper_align.checkpoints.bundled import sample_path
@@ -594,3 +598,39 @@ def test_spectral_flux_rises_where_a_sound_begins_and_falls_where_it_ends():
     # a fall shows fully once the 25 ms window has left the noise: up to half a window late
     assert np.argmax(flux.falls) * ONSET_FRAME_SECONDS == pytest.approx(1.5, abs=0.025)
     assert spectral_flux(np.zeros(10, dtype=np.float32)).rises.shape == (1,)
+
+
+# --- decoding work bounded by the input ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def flac_bomb(tmp_path_factory):
+    """1.5 h of 96 kHz 8-channel digital silence in about 570 KB, no length in the header."""
+    path = tmp_path_factory.mktemp("bomb") / "bomb.flac"
+    write_constant_flac(path, 1.5 * 3600, 96000, 8)
+    return path
+
+
+def test_a_decompression_bomb_is_refused_after_little_work(flac_bomb):
+    """Under a duration limit, decoding stops at MAX_VALUES_PER_BYTE values per byte of file (or the
+    limit's length of one 48 kHz channel): before the bound it decoded the limit's full hour, 18 s of
+    CPU; here about 3 minutes of it."""
+    assert soundfile.info(str(flac_bomb)).channels == 8 and flac_bomb.stat().st_size < 600_000
+    with pytest.raises(AudioError, match=f"over {MAX_VALUES_PER_BYTE} samples per byte"):
+        decode_audio(flac_bomb, max_seconds=3600)
+    assert stated_seconds(flac_bomb.read_bytes()) is None  # nothing in its header to refuse it by
+
+
+def test_a_decode_stops_when_told(flac_bomb):
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(DecodeStopped):
+        decode_audio(flac_bomb.read_bytes(), max_seconds=3600, stop=stop)
+
+
+def test_stated_seconds_reads_the_header_only(tmp_path):
+    clip = sentence_clips()[0]
+    path = tmp_path / "c.wav"
+    write_wav(path, clip.samples)
+    assert stated_seconds(path.read_bytes()) == pytest.approx(len(clip.samples) / SAMPLE_RATE)
+    assert stated_seconds(b"not audio at all") is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -29,6 +30,15 @@ READ_BLOCK_FRAMES = 1 << 18
 RESAMPLE_BLOCK_VALUES = 1 << 18
 # libsndfile's SF_COUNT_MAX: the frame count of a FLAC whose header has no sample count.
 _UNKNOWN_FRAMES = 2**63 - 1
+# Under a duration limit, decoding work is bounded by the input: values read (samples x channels, at the
+# file's own rate, before resampling) at most MAX_VALUES_PER_BYTE per byte of file, or as many as the
+# limit's length of one channel at FREE_VALUES_PER_SECOND, whichever is more. Real codecs stay under half
+# the first (Opus at its lowest 6 kbps: 64 values a byte mono, 128 stereo; WAV under 1), and the second
+# lets through files of mostly digital silence (FLAC, Opus with DTX) of a common rate up to the limit. A
+# decompression bomb (hours of many-channel 96 kHz digital silence in a FLAC of a few hundred KB) is
+# refused after about a second of work, not after decoding up to the duration limit.
+MAX_VALUES_PER_BYTE = 256
+FREE_VALUES_PER_SECOND = 48_000
 
 # Decoded audio longer than this many windows goes to a temporary file when the caller asks
 # (``decode_audio``'s ``spill``; the server does): 3 hours are 691 MB of float32, which it would
@@ -47,6 +57,10 @@ class AudioError(InputError):
     default_param = "file"
 
 
+class DecodeStopped(Exception):
+    """Decoding was stopped by its caller (``decode_audio``'s ``stop``): nobody waits for it any more."""
+
+
 class AudioTooLongError(AudioError):
     """Audio longer than the caller's ``max_seconds``.
 
@@ -62,7 +76,11 @@ class AudioTooLongError(AudioError):
 
 
 def decode_audio(
-    source: AudioSource, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None, spill: bool = False
+    source: AudioSource,
+    sample_rate: int = SAMPLE_RATE,
+    max_seconds: float | None = None,
+    spill: bool = False,
+    stop: threading.Event | None = None,
 ) -> np.ndarray | SpilledSamples:
     """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
 
@@ -72,7 +90,9 @@ def decode_audio(
     header says so, else as soon as decoding passes the bound, so time and memory stay about
     the bound's worth of samples whatever the file holds or claims.
     With ``spill``, audio longer than SPILL_AFTER_WINDOWS windows comes back as SpilledSamples:
-    written to a temporary file as it is decoded, never whole in memory.
+    written to a temporary file as it is decoded, never whole in memory. A file that decodes to more than
+    MAX_VALUES_PER_BYTE values per byte raises AudioError. Once ``stop`` is set, decoding raises
+    DecodeStopped at its next block.
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
@@ -81,10 +101,60 @@ def decode_audio(
     bound = _Bound(max_seconds, sample_rate)
     spill_after = SPILL_AFTER_WINDOWS * CHUNK_SECONDS * sample_rate if spill else None
     name, opened = _open_source(source)
-    decoded = _decode_with_soundfile(opened, sample_rate, _Decoded(bound, spill_after))
+    work = _Work(name, _max_work(_size_of(opened), max_seconds), stop)
+    decoded = _decode_with_soundfile(opened, sample_rate, _Decoded(bound, work, spill_after))
     if decoded is None:
-        decoded = _decode_with_pyav(opened, name, sample_rate, _Decoded(bound, spill_after))
+        decoded = _decode_with_pyav(opened, name, sample_rate, _Decoded(bound, work, spill_after))
     return decoded.samples()
+
+
+def stated_seconds(source: bytes) -> float | None:
+    """The duration the container of encoded ``source`` states in its header, or None (it states none,
+    or it is no audio the decoders know); reads the header only."""
+    import av
+    import soundfile
+
+    opened = io.BytesIO(source)
+    try:
+        if _has_wav_or_flac_header(opened):
+            info = soundfile.info(opened)
+            return info.frames / info.samplerate if 0 <= info.frames < _UNKNOWN_FRAMES else None
+        with av.open(opened, mode="r", metadata_errors="ignore") as container:
+            return _stated_seconds(container, container.streams.audio[0]) if container.streams.audio else None
+    except Exception:  # junk: decoding will say what is wrong with it
+        return None
+
+
+def _max_work(size: int, max_seconds: float | None) -> int | None:
+    """The values a file of ``size`` bytes may decode to under ``max_seconds`` (None: no bound)."""
+    if max_seconds is None:
+        return None
+    return max(MAX_VALUES_PER_BYTE * size, int(max_seconds * FREE_VALUES_PER_SECOND))
+
+
+def _size_of(opened: str | io.BytesIO) -> int:
+    return len(opened.getbuffer()) if isinstance(opened, io.BytesIO) else os.path.getsize(opened)
+
+
+@dataclass
+class _Work:
+    """The decoding work done so far (values read at the file's own rate), against its bound."""
+
+    name: str
+    max_values: int | None
+    stop: threading.Event | None
+    values: int = 0
+
+    def add(self, values: int) -> None:
+        self.values += values
+        if self.max_values is not None and self.values > self.max_values:
+            raise AudioError(
+                f"could not decode {self.name}: it decodes to over {MAX_VALUES_PER_BYTE} samples per byte "
+                f"of file, more than the length limit's worth of {FREE_VALUES_PER_SECOND // 1000} kHz "
+                "audio (a decompression bomb)"
+            )
+        if self.stop is not None and self.stop.is_set():
+            raise DecodeStopped()
 
 
 class SpilledSamples:
@@ -143,10 +213,12 @@ class _Bound:
 
 class _Decoded:
     """Mono pieces as they are decoded, counted so that decoding stops at the bound, and written to
-    SpilledSamples once there are more than ``spill_after`` (None: kept in memory)."""
+    SpilledSamples once there are more than ``spill_after`` (None: kept in memory); ``work`` counts what
+    the decoders read to make them."""
 
-    def __init__(self, bound: _Bound, spill_after: int | None = None):
+    def __init__(self, bound: _Bound, work: _Work, spill_after: int | None = None):
         self.bound = bound
+        self.work = work
         self.spill_after = spill_after
         self.pieces: list[np.ndarray] = []
         self.spilled: SpilledSamples | None = None
@@ -228,7 +300,7 @@ def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Deco
             if audio.samplerate != sample_rate:
                 return None
             return _read_mono(audio, decoded)
-    except AudioError:
+    except (AudioError, DecodeStopped):
         raise
     except Exception:  # anything libsndfile rejects may still be FFmpeg-readable
         return None
@@ -239,6 +311,7 @@ def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Deco
 
 def _read_mono(audio, decoded: _Decoded) -> _Decoded:
     while len(block := audio.read(READ_BLOCK_FRAMES, dtype="float32", always_2d=True)):
+        decoded.work.add(block.size)
         decoded.add([block.mean(axis=1, dtype=np.float32)])
     return decoded
 
@@ -272,7 +345,7 @@ def _decode_with_pyav(opened, name: str, sample_rate: int, decoded: _Decoded) ->
                 )
             decoded.bound.check_header(_stated_seconds(container, stream))
             return _decode_stream(container, stream, name, sample_rate, decoded)
-    except AudioError:
+    except (AudioError, DecodeStopped):
         raise
     except Exception as error:  # FFmpeg reports junk input through many exception types
         raise AudioError(f"could not decode {name} as audio: {_describe(error)}") from error
@@ -319,6 +392,7 @@ def _decode_stream(container, stream, name: str, sample_rate: int, decoded: _Dec
                 decoded.add(_drain(resampler, fifo))
                 resampler, fifo = av.AudioResampler(format="flt", rate=sample_rate), av.AudioFifo()
                 input_shape = frame_shape
+            decoded.work.add(frame.samples * frame.layout.nb_channels)
             # The fifo refuses a frame whose timestamp does not follow on, as after a skipped packet.
             frame.pts = None
             assert fifo is not None and resampler is not None  # made with the first frame

@@ -511,6 +511,8 @@ def dropped_keys(
 def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens) -> list[int]:
     if token_ids is not None:
         ids = [int(t) for t in token_ids]
+        if not ids:  # as an empty text is: nothing to align is a mistake, not an empty answer
+            raise AlignmentInputError("`tokens` is empty: give the token ids of the text to align", "tokens")
         bad = [t for t in ids if not tokens.is_text_token(t)]
         if bad:
             raise AlignmentInputError(

@@ -249,7 +249,8 @@ class AlignmentService:
         return list(merged.values())
 
     async def stats(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
+        """What the engines hold for word timestamps, summed, and the requests in flight here."""
+        totals: dict[str, int] = {"requests_in_flight": self._requests_in_flight}
         for engine_stats in await self._rpc_all_engines(RPC_STATS):
             for name, value in engine_stats.items():
                 totals[name] = totals.get(name, 0) + value

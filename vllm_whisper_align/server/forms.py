@@ -8,7 +8,9 @@ method, line controls) are the options' own names, ranges and messages.
 
 from __future__ import annotations
 
+import difflib
 import json
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,8 +46,36 @@ def choice(form: Any, name: str, allowed: tuple[str, ...], default: str) -> str:
     return value
 
 
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
+
+
 def flag(form: Any, name: str) -> bool:
-    return str(text(form, name) or "false").lower() in ("1", "true", "yes")
+    value = (text(form, name) or "false").strip().lower()
+    if value not in TRUE_WORDS + FALSE_WORDS:
+        raise RequestError(f"`{name}` must be true or false; got {echo(value)}", name)
+    return value in TRUE_WORDS
+
+
+# Fields a form may repeat: the official client sends one `timestamp_granularities[]` per granularity.
+REPEATABLE_FIELDS = frozenset({"timestamp_granularities[]", "timestamp_granularities"})
+
+
+def check_fields(form: Any, allowed: Iterable[str]) -> None:
+    """Every field of ``form`` is one the route reads, and a single-valued one comes once: an unknown
+    field (a typo) or a second value would otherwise be dropped without a word."""
+    allowed = set(allowed)
+    counts = Counter(name for name, _ in form.multi_items())
+    for name, count in counts.items():
+        if name not in allowed:
+            close = difflib.get_close_matches(name, sorted(allowed), n=1, cutoff=0.6)
+            hint = f"; did you mean `{close[0]}`?" if close else f"; this route reads {_listed(allowed)}"
+            raise RequestError(f"unknown field {echo(name)}{hint}", name)
+        if count > 1 and name not in REPEATABLE_FIELDS:
+            raise RequestError(f"`{name}` is given {count} times; give it once", name)
+
+
+def _listed(names: Iterable[str]) -> str:
+    return ", ".join(f"`{name}`" for name in sorted(names))
 
 
 def granularities(form: Any) -> list[str]:
@@ -84,6 +114,11 @@ def alignment_options(form: Any) -> AlignmentOptions:
 def subtitle_options(form: Any) -> SubtitleOptions:
     """openai-whisper's line controls as form fields (srt and vtt only)."""
     return SubtitleOptions(**option_values(form, LINE_OPTIONS))
+
+
+def _fields(schema: dict[str, Any]) -> frozenset[str]:
+    """The form fields a route's OpenAPI schema declares: the one list of what it reads."""
+    return frozenset(schema["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"])
 
 
 def token_ids(raw: str | None) -> list[int] | None:
@@ -159,3 +194,6 @@ ALIGNMENT_SCHEMA = multipart_schema(
     },
     (*ALIGNMENT_OPTIONS, *LINE_OPTIONS),
 )
+
+TRANSCRIPTION_FIELDS = _fields(TRANSCRIPTION_SCHEMA) | REPEATABLE_FIELDS
+ALIGNMENT_FIELDS = _fields(ALIGNMENT_SCHEMA)

@@ -16,6 +16,7 @@ from vllm_whisper_align.server.limits import ServerLimits
 if TYPE_CHECKING:
     from vllm_whisper_align.runners.live import LiveStreams
     from vllm_whisper_align.runners.service import AlignmentService
+    from vllm_whisper_align.server.uploads import Decoders
 
 logger = get_logger(__name__)
 
@@ -23,11 +24,12 @@ logger = get_logger(__name__)
 @dataclass
 class ServerState:
     """What the routes share: the engine's runner, the names the model is served under, the limits, the
-    open live streams (``/v1/realtime``)."""
+    decoding lanes, the open live streams (``/v1/realtime``)."""
 
     service: AlignmentService
     served_model_names: list[str]
     limits: ServerLimits
+    decoders: Decoders
     live: LiveStreams
 
     def check_model(self, model: str | None) -> None:
@@ -50,13 +52,16 @@ class WhisperAlignEndpoints:
 
     def attach_router(self, app: FastAPI) -> None:
         from vllm_whisper_align.server import realtime, routes
+        from vllm_whisper_align.server.errors import answer_errors_as_openai
 
         app.include_router(routes.router)
         app.include_router(realtime.router)
+        answer_errors_as_openai(app)
 
     async def init_state(self, engine_client, state: State, args: Namespace) -> None:
         from vllm_whisper_align.runners.live import LiveStreams
         from vllm_whisper_align.runners.service import AlignmentService
+        from vllm_whisper_align.server.uploads import Decoders
 
         if engine_client is None:
             logger.warning("whisper-align: no engine (render-only server); routes will answer 503")
@@ -65,4 +70,4 @@ class WhisperAlignEndpoints:
         names = getattr(args, "served_model_name", None) or [args.model]
         limits = ServerLimits.from_env()
         service = await AlignmentService.create(engine_client, max_audio_s=limits.max_audio_s)
-        state.whisper_align = ServerState(service, list(names), limits, LiveStreams(service))
+        state.whisper_align = ServerState(service, list(names), limits, Decoders(), LiveStreams(service))

@@ -15,7 +15,6 @@ from vllm.entrypoints.serve.utils.api_utils import with_cancellation
 from vllm.utils import random_uuid
 
 from vllm_whisper_align.align.results import Transcript
-from vllm_whisper_align.audio.decode import decode_audio
 from vllm_whisper_align.engine.vllm_internals import speech_to_text_handler
 from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.formats import events, retiming
@@ -24,7 +23,7 @@ from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleFile,
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import SubtitleOptions
 from vllm_whisper_align.runners import driver
-from vllm_whisper_align.server import forms, streaming
+from vllm_whisper_align.server import forms, streaming, uploads
 from vllm_whisper_align.server.errors import RequestError, error_response, http_error
 from vllm_whisper_align.server.plugin import ServerState
 
@@ -43,30 +42,11 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-async def _form(request: Request) -> Any:
-    try:
-        return await request.form()
-    except Exception as error:  # malformed multipart bodies raise assorted parser errors
-        raise RequestError(f"could not read the multipart form: {error}") from None
-
-
 async def _audio(form: Any, state: ServerState):
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
-    data = await upload.read()
-    limits = state.limits
-    if len(data) > limits.max_file_bytes:
-        raise RequestError(
-            f"file is {len(data)} bytes; at most {limits.max_file_bytes} bytes ({limits.max_file_mb:g} MB) "
-            "are accepted",
-            "file",
-        )
-    if not data:
-        raise RequestError("`file` is empty", "file")
-    # Decoding takes seconds for long files: in a thread, so the event loop keeps serving. A long
-    # recording's samples go to a temporary file; its windows are read back as they run.
-    return await asyncio.to_thread(decode_audio, data, max_seconds=limits.max_audio_s, spill=True)
+    """The ``file`` part decoded (a long recording's samples go to a temporary file; its windows are read
+    back as they run)."""
+    data = await uploads.read_upload(form, state.limits)
+    return await state.decoders.decode(data, state.limits.max_audio_s)
 
 
 def _render(
@@ -85,7 +65,8 @@ def _render(
 
 
 async def _answer(raw_request: Request, handler, **kwargs) -> Response:
-    """Reads the form, then runs ``handler`` so that a client disconnect cancels it.
+    """Reads the form (within the limits: ``uploads``), then runs ``handler`` so that a client disconnect
+    cancels it.
 
     vLLM's ``with_cancellation`` listens on the request's receive channel, so the body must be
     fully read before it starts.
@@ -94,11 +75,12 @@ async def _answer(raw_request: Request, handler, **kwargs) -> Response:
         state = _state(raw_request)
     except RequestError as error:
         return error_response(error.message, error.param, error.status)
+    try:
+        form = await uploads.read_form(raw_request, state.limits)
+    except RequestError as error:
+        return error_response(error.message, error.param, error.status)
+    # In flight once its body is in: a client still sending (or stalled) holds no engine memory back.
     async with state.service.request_in_flight():
-        try:
-            form = await _form(raw_request)
-        except RequestError as error:
-            return error_response(error.message, error.param, error.status)
         return await _cancellable(raw_request=raw_request, handler=handler, state=state, form=form, **kwargs)
 
 
@@ -114,6 +96,16 @@ async def _cancellable(raw_request: Request, handler, **kwargs) -> Response:
 
 
 async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, task: str) -> Response:
+    stream = forms.flag(form, "stream")
+    # verbose_json streams here, with every field of ours; json and text stream as vLLM's own, which
+    # reads its request's fields, and none of ours.
+    vllm_stream = stream and forms.text(form, "response_format") != "verbose_json"
+    vllm_fields = set(_vllm_request_class(task).model_fields) if vllm_stream else set()
+    forms.check_fields(form, forms.TRANSCRIPTION_FIELDS | vllm_fields)
+    if vllm_stream:
+        for name in forms.TRANSCRIPTION_FIELDS - vllm_fields - forms.REPEATABLE_FIELDS:
+            if name in form:
+                raise RequestError(f"`{name}` does not apply to `stream=true`", name)
     state.check_model(forms.text(form, "model"))
     response_format = forms.choice(form, "response_format", RESPONSE_FORMATS, "json")
     granularities = forms.granularities(form)
@@ -122,7 +114,7 @@ async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, t
         raise RequestError(
             "`timestamp_granularities[]` requires `response_format=verbose_json`", "timestamp_granularities[]"
         )
-    if forms.flag(form, "stream"):
+    if stream:
         if response_format == "verbose_json":
             return await _streamed_transcription(state, form, task, granularities)
         if response_format not in ("json", "text"):
@@ -131,6 +123,7 @@ async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, t
                 f"not {response_format}",
                 "stream",
             )
+        forms.transcription_options(form)  # the sampling fields' ranges, as without `stream`
         return await _stream_with_vllm(raw_request, state, form, task)
     options = forms.transcription_options(form)
     samples = await _audio(form, state)
@@ -222,6 +215,7 @@ async def create_alignment(raw_request: Request):
 
 
 async def _alignment(raw_request: Request, state: ServerState, form: Any) -> Response:
+    forms.check_fields(form, forms.ALIGNMENT_FIELDS)
     state.check_model(forms.text(form, "model"))
     if form.get("subtitles") is not None:
         if forms.flag(form, "stream"):
@@ -323,8 +317,9 @@ async def _retiming(state: ServerState, form: Any) -> Response:
 async def _subtitles(form: Any, state: ServerState) -> SubtitleFile:
     """The ``subtitles`` part, a file or a plain field, read into cues."""
     part = form.get("subtitles")
-    data = await part.read() if isinstance(part, UploadFile) else part
-    if len(data) > state.limits.max_file_bytes:
+    too_large = isinstance(part, UploadFile) and (part.size or 0) > state.limits.max_file_bytes
+    data = b"" if too_large else await part.read() if isinstance(part, UploadFile) else part
+    if too_large or len(data) > state.limits.max_file_bytes:
         raise RequestError(f"`subtitles` is over {state.limits.max_file_mb:g} MB", "subtitles")
     try:
         return await asyncio.to_thread(read_subtitles, data)
@@ -338,11 +333,9 @@ async def _stream_with_vllm(raw_request: Request, state: ServerState, form: Any,
     language (vLLM would try to detect one, and fail)."""
     from pydantic import ValidationError
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
-    from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
-    from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
 
     handler = speech_to_text_handler(raw_request.app.state, task)
-    request_class = TranscriptionRequest if task == "transcribe" else TranslationRequest
+    request_class = _vllm_request_class(task)
     upload = form.get("file")
     if handler is None or not isinstance(upload, UploadFile):
         raise RequestError("`file` is required: the audio file to process, as a multipart upload", "file")
@@ -360,9 +353,17 @@ async def _stream_with_vllm(raw_request: Request, state: ServerState, form: Any,
     except ValidationError as error:
         raise RequestError(f"invalid streaming request: {error.errors()[0].get('msg')}") from None
     create = handler.create_transcription if task == "transcribe" else handler.create_translation
-    answer = await create(await upload.read(), request, raw_request)
+    answer = await create(await uploads.read_upload(form, state.limits), request, raw_request)
     if isinstance(answer, ErrorResponse):
         return JSONResponse(answer.model_dump(), status_code=answer.error.code)
     if hasattr(answer, "model_dump"):
         return JSONResponse(answer.model_dump())
     return StreamingResponse(answer, media_type="text/event-stream")
+
+
+def _vllm_request_class(task: str):
+    """vLLM's request model of ``task``'s streaming handler."""
+    from vllm.entrypoints.speech_to_text.transcription.protocol import TranscriptionRequest
+    from vllm.entrypoints.speech_to_text.translation.protocol import TranslationRequest
+
+    return TranscriptionRequest if task == "transcribe" else TranslationRequest
