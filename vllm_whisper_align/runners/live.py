@@ -222,7 +222,7 @@ def stream_in_process(
     (read in a thread: a file played at real time, or a pipe), decoded whenever a decode is due, each
     decode's update handed to ``on_update``; returns every confirmed word."""
     options = options or TranscriptionOptions()
-    arrived: queue.Queue[np.ndarray | None] = queue.Queue()
+    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue()
     reader = _start_reading(chunks, arrived)
     buffer = RollingBuffer()
     while not buffer.ended or buffer.arrived:
@@ -245,6 +245,8 @@ def _start_reading(chunks: Iterable[np.ndarray], arrived: queue.Queue) -> Any:
         try:
             for chunk in chunks:
                 arrived.put(chunk)
+        except Exception as error:  # the source failed: raised where the chunks are taken
+            arrived.put(error)
         finally:
             arrived.put(None)
 
@@ -261,17 +263,39 @@ def _receive(buffer: RollingBuffer, arrived: queue.Queue, block: bool) -> None:
         except queue.Empty:
             return
         block = False
+        if isinstance(chunk, Exception):
+            raise chunk
         if chunk is None:
             buffer.end()
             return
         buffer.append(chunk)
 
 
-def played(samples: np.ndarray, speed: float = 1.0, chunk_s: float = 0.1) -> Iterable[np.ndarray]:
-    """``samples`` in chunks of ``chunk_s``, each as its time comes (at ``speed`` times real time)."""
+# A file played, or a pipe read, in chunks of this long.
+CHUNK_S = 0.1
+
+
+def played(samples: np.ndarray, speed: float = 1.0, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
+    """``samples`` in chunks of ``chunk_s``, each as its time comes (at ``speed`` times real time; 0: all
+    at once)."""
     step = int(chunk_s * SAMPLE_RATE)
     started = time.monotonic()
     for start in range(0, len(samples), step):
-        due = started + (start + step) / SAMPLE_RATE / speed
-        time.sleep(max(0.0, due - time.monotonic()))
+        if speed > 0:
+            due = started + (start + step) / SAMPLE_RATE / speed
+            time.sleep(max(0.0, due - time.monotonic()))
         yield samples[start : start + step]
+
+
+def stdin_chunks(pipe: Any, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
+    """Raw PCM16 (16 kHz, mono, little-endian) from ``pipe`` as float chunks, each as it comes; an odd
+    number of bytes in all is an InputError (not PCM16), once the pipe ends."""
+    size = 2 * int(chunk_s * SAMPLE_RATE)
+    rest = b""
+    while data := pipe.read1(size) if hasattr(pipe, "read1") else pipe.read(size):
+        data = rest + data
+        whole = len(data) - len(data) % 2
+        rest = data[whole:]
+        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+    if rest:
+        raise InputError("stdin is not PCM16: an odd number of bytes")

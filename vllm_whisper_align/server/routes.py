@@ -22,7 +22,7 @@ from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS, RESPONSE_FOR
 from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import SubtitleOptions
-from vllm_whisper_align.runners import driver
+from vllm_whisper_align.runners import decoding, driver
 from vllm_whisper_align.server import forms, streaming, uploads
 from vllm_whisper_align.server.errors import RequestError, error_response, http_error
 from vllm_whisper_align.server.plugin import ServerState
@@ -254,6 +254,9 @@ async def _streamed_alignment(
                 samples, language=forms.text(form, "language") or None, options=options, **given
             )
         return streaming.windows_response(state.service, plan, request_id, ["word", "segment"], forced=True)
+    with _given_field(given):  # the text's mistakes are a 400 here, not an error event mid-stream
+        state.service.tokens.check_language(forms.text(form, "language") or None)
+        decoding.text_to_tokens(given["text"], given["token_ids"], state.service.tokens)
     return streaming.whole_response(
         state.service,
         lambda: _aligned(state, samples, form, options, **given),
