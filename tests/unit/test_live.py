@@ -167,3 +167,29 @@ def test_a_word_that_never_agrees_does_not_lose_the_words_behind_it():
     spoken = texts(truth)
     assert len(confirmed) == len(truth)
     assert sum(a != b for a, b in zip(texts(confirmed), spoken, strict=True)) <= len(truth) // 10
+
+
+def test_stdin_chunks_read_pcm16_as_it_comes_and_refuse_an_odd_byte():
+    import io
+
+    from vllm_whisper_align.errors import InputError
+    from vllm_whisper_align.runners.live import stdin_chunks
+
+    pcm = (np.arange(-2000, 2000, dtype="<i2") * 8).tobytes()
+    chunks = list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm))))
+    np.testing.assert_array_equal(np.concatenate(chunks), np.frombuffer(pcm, "<i2") / 32768.0)
+    assert all(len(chunk) <= 1600 for chunk in chunks)
+    with pytest.raises(InputError, match="odd number of bytes"):
+        list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm + b"\0"))))
+
+
+def test_realtime_url_of_a_server():
+    from vllm_whisper_align.errors import InputError
+    from vllm_whisper_align.realtime_client import realtime_url
+
+    assert realtime_url("http://h:8000") == "ws://h:8000/v1/realtime"
+    assert realtime_url("https://h/api/") == "wss://h/api/v1/realtime"
+    assert realtime_url("ws://h:1/v1/realtime") == "ws://h:1/v1/realtime"
+    assert realtime_url("h:8000") == "ws://h:8000/v1/realtime"
+    with pytest.raises(InputError):
+        realtime_url("ftp://h")
