@@ -1,5 +1,5 @@
 # Every target creates .venv/ (and installs what it needs) on first use: see scripts/bootstrap.
-.PHONY: serve test test-fast lint demo bench venv
+.PHONY: serve test test-fast lint demo bench bench-streaming venv
 
 PY := .venv/bin/python
 PORT ?= 8000
@@ -28,3 +28,8 @@ demo: venv
 
 bench: venv
 	$(PY) benchmarks/run.py
+
+# Live word timestamps on /v1/realtime (delays, WER against offline, streams held), a few minutes; under the
+# exclusive lock, as every benchmark on a shared machine.
+bench-streaming: venv
+	flock -x /tmp/vwa-bench.lock $(PY) benchmarks/streaming_bench.py

@@ -496,10 +496,17 @@ def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
     return rows, raws
 
 
-# Sections of RESULTS.md that other scripts write (benchmarks/batch_overhead.py) or that record runs of
-# the boundary scripts (boundary_replay.py, boundaries.py): kept as they are when this report is written
-# again.
-KEPT_SECTIONS = ("## Corpus job on Ray", "## Word boundaries after the falls and quiet tails")
+# Sections of RESULTS.md that other scripts write (batch_overhead.py, streaming_bench.py,
+# real_speech_bench.py, no_speech.py, confidence.py) or that record runs of the boundary scripts
+# (boundary_replay.py, boundaries.py): kept as they are when this report is written again.
+KEPT_SECTIONS = (
+    "## Corpus job on Ray",
+    "## Word boundaries on real speech",
+    "## Word boundaries after the falls and quiet tails",
+    "## No speech",
+    "## Alignment confidence",
+    "## Live word timestamps (/v1/realtime)",
+)
 
 
 def kept_sections(path: Path) -> str:

@@ -1,4 +1,4 @@
-"""``vllm-whisper-align transcribe | align | batch | serve | convert-ct2``.
+"""``vllm-whisper-align transcribe | align | stream | batch | serve | convert-ct2``.
 
 Options this CLI does not know (``--dtype``, ``--max-num-seqs``, ``--enforce-eager``…) go to vLLM's
 own engine-argument parser, so every engine setting works as it does for ``vllm serve``.
@@ -45,7 +45,7 @@ hide_triton_without_cpu_backend()
 # What transcribe and align write unless --format says otherwise (align --subtitles: the file's format).
 DEFAULT_FORMAT = "verbose_json"
 # The commands that run an engine here, whose logging the CLI sets up.
-ENGINE_COMMANDS = ("transcribe", "align", "batch")
+ENGINE_COMMANDS = ("transcribe", "align", "stream", "batch")
 # vLLM's handler writes to stdout by default, where the results go.
 LOG_STREAM = "ext://sys.stderr"
 # The one line that reports a Ray error is cut to this.
@@ -81,6 +81,28 @@ def build_parser() -> argparse.ArgumentParser:
         "keeps its number and text and gets new times (written in its format by default)",
     )
     _add_common(align, ALIGNMENT_OPTIONS)
+
+    stream = commands.add_parser(
+        "stream", help="live word timestamps: each word printed as it is confirmed, while the audio plays"
+    )
+    stream.add_argument(
+        "audio",
+        help="an audio file (played at real time: see --speed), or - for raw PCM16 16 kHz mono on stdin",
+    )
+    stream.add_argument("--server", default=None, help="a server's URL (default: an engine in this process)")
+    stream.add_argument(
+        "--model", default=None, help="the model (in-process: HF dir/id or CT2 dir; default tiny.en)"
+    )
+    stream.add_argument("--language", default=None, help="language code (default: detect)")
+    stream.add_argument("--prompt", default=None, help="text to condition the first decode on")
+    stream.add_argument(
+        "--speed", type=float, default=1.0, help="times real time a file is played at (default 1; 0: at once)"
+    )
+    stream.add_argument(
+        "--jsonl", action="store_true", help="one JSON object a word (word, start, end, probability)"
+    )
+    _add_options(stream.add_argument_group("decoding (openai-whisper's and vLLM's)"), TRANSCRIPTION_OPTIONS)
+    stream.add_argument("--verbose", action="store_true", help="vLLM's log (on stderr)")
 
     batch = commands.add_parser(
         "batch", help="a corpus job on Ray: every item of a manifest to OUTPUT_DIR/<id>.json, resumable"
@@ -203,10 +225,14 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if args.command == "convert-ct2":
         return _convert(args)
     engine_args = _engine_args(engine_argv)
+    if args.command == "stream" and args.server is not None:
+        return _stream(args, engine_args)  # no engine here: engine options are a mistake
     # The checkpoint-loading progress bar is vLLM's too.
     engine_args.setdefault("use_tqdm_on_load", args.verbose)
     if args.command == "batch":
         return _batch(args, engine_args)
+    if args.command == "stream":
+        return _stream(args, engine_args)
     if args.command == "align" and args.subtitles is not None:
         return _retime(args, engine_args)
     args.format = args.format or DEFAULT_FORMAT
@@ -332,6 +358,52 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
             for (path, _), result in zip(decoded, results, strict=True):
                 _emit(path, result, args, "word" if args.word_timestamps else "segment")
     return 1 if failures else 0
+
+
+def _stream(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
+    """AUDIO (or stdin) streamed: to ``--server``'s /v1/realtime, or through an engine here; each word
+    printed as it is confirmed."""
+    from vllm_whisper_align.runners.live import played, stdin_chunks
+
+    if args.speed < 0:
+        raise InputError(f"--speed must be 0 or more; got {args.speed:g}", "speed")
+    options = _given(args, TRANSCRIPTION_OPTIONS)
+    TranscriptionOptions.from_checked(options)  # their mistakes before anything starts
+    if args.audio == "-":
+        chunks = stdin_chunks(sys.stdin.buffer)
+    else:
+        from vllm_whisper_align.audio.decode import decode_audio
+
+        chunks = played(decode_audio(args.audio), args.speed)
+    if args.server is not None:
+        from vllm_whisper_align.realtime_client import stream_to_server
+
+        if engine_args:
+            raise InputError(f"engine options do not apply to --server: {', '.join(engine_args)}", "server")
+        session = {"language": args.language, "prompt": args.prompt, **options}
+        session = {name: value for name, value in session.items() if value is not None}
+        session.update({"model": args.model} if args.model else {})
+        stream_to_server(args.server, chunks, lambda word: _print_word(word, args.jsonl), session)
+        return 0
+    from vllm_whisper_align.runners.live import stream_in_process
+
+    with _aligner(args.model, engine_args) as aligner:
+        stream_in_process(
+            aligner,
+            chunks,
+            lambda update: [_print_word(word.to_dict(), args.jsonl) for word in update.confirmed],
+            language=args.language,
+            prompt=args.prompt,
+            options=TranscriptionOptions.from_checked(options),
+        )
+    return 0
+
+
+def _print_word(word: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(word, ensure_ascii=False), flush=True)
+    else:
+        print(f"{word['start']:8.2f} {word['end']:8.2f}  {word['word'].strip()}", flush=True)
 
 
 def _align(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:

@@ -348,10 +348,21 @@ def _word_groups(words: list[Word]) -> list[list[Word]]:
 # ---------------------------------------------------------------------------- whole input
 
 
-def window_results(
-    windows: Sequence[DecodedWindow], fetched: Sequence[dict], tokens: WhisperTokens, info: RequestInfo
-) -> list[WindowResult | None]:
-    """Every window's result (None for a window with no text), the DTWs run in parallel."""
+@dataclass
+class TimedWindow:
+    """A window with its token times: its DTW's jumps (None where it has none), or why it has none."""
+
+    window: DecodedWindow
+    jumps: np.ndarray | None
+    error: str | None = None
+    # The DTW's input, which the words' confidence reads (None where there was none).
+    matrix: np.ndarray | None = None
+
+
+def window_matrices(
+    windows: Sequence[DecodedWindow], fetched: Sequence[dict]
+) -> tuple[list[np.ndarray | None], list[str | None]]:
+    """Each window's DTW matrix (None where there is none, or too few rows) and its capture's error."""
     by_key = {answer["key"]: answer for answer in fetched}
     matrices: list[np.ndarray | None] = []
     errors: list[str | None] = []
@@ -365,32 +376,79 @@ def window_results(
         usable = matrix is not None and matrix.shape[0] >= 2
         matrices.append(matrix if usable else None)
         errors.append(error)
+    return matrices, errors
+
+
+def time_windows(windows: Sequence[DecodedWindow], fetched: Sequence[dict]) -> list[TimedWindow]:
+    """Every window's token times, the DTWs run in parallel."""
+    matrices, errors = window_matrices(windows, fetched)
     jump_times = iter(timing.jump_times_batch([m for m in matrices if m is not None]))
-    results: list[WindowResult | None] = []
-    last_speech = 0.0
-    for window, matrix, error in zip(windows, matrices, errors, strict=True):
-        jumps = next(jump_times) if matrix is not None else None
-        if jumps is None and info.word_timestamps and window.alignment is None:
-            jumps = unaligned_jump_times(len(window.output.token_ids), window.duration)
-        if jumps is not None:
-            # A path through a degenerate matrix can step off its edge; times stay inside the window.
-            jumps = np.clip(jumps, 0.0, window.duration)
-        text = tokens.decode(window.output.token_ids)
-        if not text.strip():
-            results.append(WindowResult([], [], [], error) if error else None)
-            continue
-        words: list[Word] = []
-        token_timings: list[TokenTiming] = []
-        if jumps is not None:
-            words, token_timings, last_speech = window_words(
-                window, jumps, tokens, info.language, last_speech, matrix
-            )
-        segments, pieces = window_segments(window, words, text)
-        if words:  # only what the kept segments hold
-            words = [w for segment in segments for w in segment.words or []]
-            token_timings = [t for piece in pieces for t in token_timings[piece]]
-        results.append(WindowResult(segments, words, token_timings, error))
-    return results
+    return [
+        TimedWindow(window, next(jump_times) if matrix is not None else None, error, matrix)
+        for window, matrix, error in zip(windows, matrices, errors, strict=True)
+    ]
+
+
+def window_result(
+    timed: TimedWindow, tokens: WhisperTokens, info: RequestInfo, last_speech: float
+) -> tuple[WindowResult | None, float]:
+    """One window's result (None for a window with no text) and the new ``last_speech_timestamp`` of
+    the reference's duration rules, which each window hands to the next: windows are read in order."""
+    window, jumps = timed.window, timed.jumps
+    if jumps is None and info.word_timestamps and window.alignment is None:
+        jumps = unaligned_jump_times(len(window.output.token_ids), window.duration)
+    if jumps is not None:
+        # A path through a degenerate matrix can step off its edge; times stay inside the window.
+        jumps = np.clip(jumps, 0.0, window.duration)
+    text = tokens.decode(window.output.token_ids)
+    if not text.strip():
+        return (WindowResult([], [], [], timed.error) if timed.error else None), last_speech
+    words: list[Word] = []
+    token_timings: list[TokenTiming] = []
+    if jumps is not None:
+        words, token_timings, last_speech = window_words(
+            window, jumps, tokens, info.language, last_speech, timed.matrix
+        )
+    segments, pieces = window_segments(window, words, text)
+    if words:  # only what the kept segments hold
+        words = [w for segment in segments for w in segment.words or []]
+        token_timings = [t for piece in pieces for t in token_timings[piece]]
+    return WindowResult(segments, words, token_timings, timed.error), last_speech
+
+
+class InOrder:
+    """Windows' results read in window order, each as soon as the ones before it are: what a streamed
+    answer sends window by window. Its :meth:`transcript` is what :func:`finish` gives for the same
+    windows (segments numbered across the input as they come)."""
+
+    def __init__(self, tokens: WhisperTokens, info: RequestInfo):
+        self.tokens, self.info = tokens, info
+        self.results: list[WindowResult | None] = []
+        self._last_speech = 0.0
+        self._segments = 0
+
+    def add(self, timed: TimedWindow | None) -> WindowResult | None:
+        """The next window's result (None for a window dropped as silence, or with no text)."""
+        result = None
+        if timed is not None:
+            result, self._last_speech = window_result(timed, self.tokens, self.info, self._last_speech)
+        for segment in result.segments if result else []:
+            segment.id, self._segments = self._segments, self._segments + 1
+        self.results.append(result)
+        return result
+
+    def transcript(self) -> Transcript:
+        return assemble(self.info, self.results)
+
+
+def window_results(
+    windows: Sequence[DecodedWindow], fetched: Sequence[dict], tokens: WhisperTokens, info: RequestInfo
+) -> list[WindowResult | None]:
+    """Every window's result (None for a window with no text), the DTWs run in parallel."""
+    in_order = InOrder(tokens, info)
+    for timed in time_windows(windows, fetched):
+        in_order.add(timed)
+    return in_order.results
 
 
 def unaligned_jump_times(num_text_tokens: int, duration: float) -> np.ndarray:

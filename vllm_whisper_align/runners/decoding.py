@@ -136,11 +136,15 @@ class Plan:
 
     def decoded(self, outputs: Sequence[WindowOutput]) -> list[DecodedWindow]:
         """The windows kept (not dropped as silence), as the alignment reads them."""
-        return [
-            DecodedWindow(window.audio, output, window.alignment, window.forced_tokens is not None)
-            for window, output in zip(self.windows, outputs, strict=True)
-            if not is_silent(output, self.fallback)
-        ]
+        kept = (self.decoded_window(index, output) for index, output in enumerate(outputs))
+        return [window for window in kept if window is not None]
+
+    def decoded_window(self, index: int, output: WindowOutput) -> DecodedWindow | None:
+        """Window ``index`` as the alignment reads it; None where it is dropped as silence."""
+        window = self.windows[index]
+        if is_silent(output, self.fallback):
+            return None
+        return DecodedWindow(window.audio, output, window.alignment, window.forced_tokens is not None)
 
 
 # ---------------------------------------------------------------------------- language detection
@@ -506,12 +510,15 @@ def _more_likely(latest, earlier, options: FallbackOptions):
     return (latest, earlier) if rank(latest) > rank(earlier) else (earlier, latest)
 
 
-def dropped_keys(plan: Plan, outputs: Sequence[WindowOutput]) -> list[str]:
-    """Alignment keys of the windows dropped as silence: nothing of them is fetched."""
+def dropped_keys(
+    plan: Plan, outputs: Sequence[WindowOutput], indices: Sequence[int] | None = None
+) -> list[str]:
+    """Alignment keys of the windows (of ``indices``; None: all) dropped as silence: nothing of them is
+    fetched."""
     return [
-        window.alignment.key
-        for window, output in zip(plan.windows, outputs, strict=True)
-        if window.alignment is not None and is_silent(output, plan.fallback)
+        plan.windows[i].alignment.key
+        for i in (range(len(plan.windows)) if indices is None else indices)
+        if plan.windows[i].alignment is not None and is_silent(outputs[i], plan.fallback)
     ]
 
 
@@ -630,12 +637,15 @@ def _logprob_of(entry: Any, token: int) -> float:
     return float(getattr(value, "logprob", value))
 
 
-def alignment_requests(plan: Plan, outputs: Sequence[WindowOutput]) -> list[AlignmentRequest]:
-    """What to fetch from the workers for the windows that asked for word timings and are kept."""
+def alignment_requests(
+    plan: Plan, outputs: Sequence[WindowOutput], indices: Sequence[int] | None = None
+) -> list[AlignmentRequest]:
+    """What to fetch from the workers for the windows (of ``indices``; None: all) that asked for word
+    timings and are kept."""
     return [
-        AlignmentRequest(window.alignment.key, len(output.token_ids))
-        for window, output in zip(plan.windows, outputs, strict=True)
-        if window.alignment is not None and not is_silent(output, plan.fallback)
+        AlignmentRequest(plan.windows[i].alignment.key, len(outputs[i].token_ids))
+        for i in (range(len(plan.windows)) if indices is None else indices)
+        if plan.windows[i].alignment is not None and not is_silent(outputs[i], plan.fallback)
     ]
 
 

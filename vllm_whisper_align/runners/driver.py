@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from vllm import SamplingParams
 
-from vllm_whisper_align.align.results import Transcript, finish
+from vllm_whisper_align.align.results import InOrder, TimedWindow, Transcript, finish, time_windows
 from vllm_whisper_align.audio.decode import SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
@@ -111,11 +111,7 @@ def run_plan(plan: decoding.Plan, tokens: WhisperTokens) -> Generator[Command, A
     temperature, together; superseded and unkept captures discarded; the kept windows' captures
     fetched and finished into a transcript."""
     outputs: list[decoding.WindowOutput | None] = [None] * len(plan.windows)
-    pending = list(range(len(plan.windows)))
-    while pending:
-        yield from _generate_windows(plan, outputs, pending, tokens)
-        pending, superseded = decoding.fall_back(plan, outputs, pending)
-        yield from _discard(superseded)
+    yield from decode_windows(plan, outputs, list(range(len(plan.windows))), tokens)
     # Windows dropped as silence are never aligned: their captures go.
     yield from _discard(decoding.dropped_keys(plan, outputs))
     requests = decoding.alignment_requests(plan, outputs)
@@ -123,6 +119,17 @@ def run_plan(plan: decoding.Plan, tokens: WhisperTokens) -> Generator[Command, A
     decoded = plan.decoded(outputs)
     [transcript] = yield Compute([lambda: finish(decoded, fetched, tokens, plan.info)])
     return transcript
+
+
+def decode_windows(
+    plan: decoding.Plan, outputs: list, pending: list[int], tokens: WhisperTokens
+) -> Generator[Command, Any, None]:
+    """The windows ``pending`` names decoded, those that fall back to the next temperature again,
+    together, until each has its output in ``outputs``; superseded captures discarded."""
+    while pending:
+        yield from _generate_windows(plan, outputs, pending, tokens)
+        pending, superseded = decoding.fall_back(plan, outputs, pending)
+        yield from _discard(superseded)
 
 
 def _generate_windows(
@@ -191,12 +198,35 @@ def transcription(
 ) -> Generator[Command, Any, Transcript]:
     """One input transcribed (or translated): its language detected where none is given (multilingual
     models), its windows decoded with openai-whisper's fallback, their words timed."""
+    plan = yield from transcription_plan(
+        samples,
+        facts,
+        language=language,
+        task=task,
+        word_timestamps=word_timestamps,
+        prompt=prompt,
+        options=options,
+    )
+    return (yield from run_plan(plan, facts.tokens))
+
+
+def transcription_plan(
+    samples: np.ndarray | SpilledSamples,
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    task: str = "transcribe",
+    word_timestamps: bool = True,
+    prompt: str | None = None,
+    options: TranscriptionOptions | None = None,
+) -> Generator[Command, Any, decoding.Plan]:
+    """The windows of :func:`transcription`, planned once its language is known."""
     facts.tokens.check_language(language, task)
     # Which windows hold speech (none: nothing is decoded): NumPy work of milliseconds a window.
     [windows] = yield Compute([lambda: decoding.windows_to_decode(samples, options)])
     if language is None and facts.language_detection is not None and windows:
         language = yield from detect_language(samples, facts)
-    plan = decoding.plan_transcription(
+    return decoding.plan_transcription(
         samples,
         facts.tokens,
         language=language,
@@ -207,7 +237,44 @@ def transcription(
         suppress_tokens=facts.suppress_tokens,
         windows=windows,
     )
-    return (yield from run_plan(plan, facts.tokens))
+
+
+# ---------------------------------------------------------------------------- window by window
+
+
+@dataclass
+class Streamed:
+    """A plan run window by window, for an answer that is sent as it comes: ``windows`` holds one
+    driver per window (decoded with the fallback, its capture fetched, its DTW run; it returns the
+    window's ``TimedWindow``, or None for silence), which a runner carries out each on its own,
+    concurrently (a window's words do not wait for the other windows' decoding); ``in_order`` reads
+    their answers in window order into the same transcript :func:`run_plan` gives."""
+
+    plan: decoding.Plan
+    windows: list[Driver]
+    in_order: InOrder
+
+
+def streamed(plan: decoding.Plan, tokens: WhisperTokens) -> Streamed:
+    outputs: list[decoding.WindowOutput | None] = [None] * len(plan.windows)
+    windows = [final_window(plan, outputs, index, tokens) for index in range(len(plan.windows))]
+    return Streamed(plan, windows, InOrder(tokens, plan.info))
+
+
+def final_window(
+    plan: decoding.Plan, outputs: list, index: int, tokens: WhisperTokens
+) -> Generator[Command, Any, TimedWindow | None]:
+    """Window ``index`` of ``plan`` alone, as :func:`run_plan` runs every window: decoded with the
+    fallback, its capture discarded if it is silence, else fetched and its DTW run."""
+    yield from decode_windows(plan, outputs, [index], tokens)
+    yield from _discard(decoding.dropped_keys(plan, outputs, [index]))
+    window = plan.decoded_window(index, outputs[index])
+    if window is None:
+        return None
+    requests = decoding.alignment_requests(plan, outputs, [index])
+    fetched = (yield Fetch(requests)) if requests else []
+    [[timed]] = yield Compute([lambda: time_windows([window], fetched)])
+    return timed
 
 
 def alignment(
@@ -225,14 +292,7 @@ def alignment(
     tokens = facts.tokens
     tokens.check_language(language)
     if not needs_windows(samples):
-        plan = decoding.plan_alignment(
-            samples,
-            tokens,
-            text=text,
-            token_ids=token_ids,
-            language=language,
-            alignment_method=options.alignment_method,
-        )
+        plan = alignment_plan(samples, facts, text, token_ids, language, options)
         return (yield from run_plan(plan, tokens))
     language = language or "en"
     given = decoding.text_to_tokens(text, token_ids, tokens)
@@ -253,6 +313,26 @@ def alignment(
         name, jobs = step
         plans = [_job_plan(job, facts, language, options) for job in jobs]
         transcripts = yield from together([run_plan(plan, tokens) for plan in plans], prefix=name)
+
+
+def alignment_plan(
+    samples: np.ndarray | SpilledSamples,
+    facts: EngineFacts,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    language: str | None = None,
+    options: AlignmentOptions | None = None,
+) -> decoding.Plan:
+    """The one teacher-forced pass of a forced alignment of audio up to one window."""
+    facts.tokens.check_language(language)
+    return decoding.plan_alignment(
+        samples,
+        facts.tokens,
+        text=text,
+        token_ids=token_ids,
+        language=language,
+        alignment_method=(options or AlignmentOptions()).alignment_method,
+    )
 
 
 def _job_plan(job: Job, facts: EngineFacts, language: str, options: AlignmentOptions) -> decoding.Plan:
@@ -304,6 +384,15 @@ def together(drivers: Sequence[Driver], prefix: str = "") -> Generator[Command, 
         for k in pending:
             _step(drivers, k, answers.get(k), errors.get(k), commands, results)
     return results
+
+
+def settled(work: Driver) -> Generator[Command, Any, tuple[Any, Exception | None]]:
+    """``work`` whose failure is its own: (its result, None), or (None, the error it raised), so that
+    one driver's failure among several run :func:`together` fails none of the others."""
+    try:
+        return (yield from work), None
+    except Exception as error:
+        return None, error
 
 
 def _step(drivers, k: int, answer: Any, error: BaseException | None, commands: dict, results: list) -> None:

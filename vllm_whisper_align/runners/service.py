@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict
+from itertools import islice
 from typing import Any
 
 import numpy as np
 
 from vllm_whisper_align import memory
-from vllm_whisper_align.align.results import Transcript
+from vllm_whisper_align.align.results import Transcript, WindowResult
 from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
+from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
 from vllm_whisper_align.log import get_logger
@@ -49,6 +51,12 @@ def windows_in_flight(vllm_config: Any) -> int:
     keeps every engine full.
     """
     return vllm_config.scheduler_config.max_num_seqs * vllm_config.parallel_config.data_parallel_size
+
+
+# A streamed answer's first windows enter the engines alone, the others once they are done: its first
+# words come in the time of one window, not of a round of windows_in_flight windows decoded together
+# (the first 32 of a 1-hour file's 120), which costs the rest of the file the time of one window alone.
+HEAD_START = 1
 
 
 class AlignmentService:
@@ -155,60 +163,75 @@ class AlignmentService:
         if seconds > self.max_audio_s:
             raise AudioTooLongError(self.max_audio_s, seconds)
 
+    async def transcription_plan(
+        self,
+        samples: np.ndarray | SpilledSamples,
+        *,
+        request_id: str,
+        language: str | None = None,
+        task: str = "transcribe",
+        prompt: str | None = None,
+        options: TranscriptionOptions | None = None,
+    ) -> decoding.Plan:
+        """The windows :meth:`transcribe` would run with word timings (its language detected where none
+        is given), for :meth:`streamed`: every mistake in the request is raised here, before a streamed
+        answer starts."""
+        self.check_duration(samples)
+        work = driver.transcription_plan(
+            samples, self.facts, language=language, task=task, prompt=prompt, options=options
+        )
+        return await self.run(work, request_id)
+
+    def alignment_plan(
+        self,
+        samples: np.ndarray | SpilledSamples,
+        *,
+        text: str | None = None,
+        token_ids: Sequence[int] | None = None,
+        language: str | None = None,
+        options: AlignmentOptions | None = None,
+    ) -> decoding.Plan:
+        """The one window of a forced alignment of audio up to 30 s, for :meth:`streamed` (longer audio
+        is long-form alignment, whose windows are final only once the whole recording is read)."""
+        self.check_duration(samples)
+        return driver.alignment_plan(samples, self.facts, text, token_ids, language, options)
+
+    async def streamed(
+        self, plan: decoding.Plan, request_id: str
+    ) -> AsyncIterator[tuple[AudioChunk, WindowResult | None] | Transcript]:
+        """``plan`` window by window: each window's audio and result (None: silence, or no text), in
+        order, as soon as it and the windows before it are done, then the whole transcript, the same as
+        :meth:`transcribe` (:meth:`align`) gives. The windows run concurrently, each on its own (at most
+        ``windows_in_flight`` in the engines), so the first are sent while the rest are decoded. Closed
+        early or cancelled, it aborts its engine requests and drops what was captured for them."""
+        carrier = _Carrier(self, request_id)
+        work = driver.streamed(plan, self.tokens)
+        waiting = iter(work.windows)
+        tasks = [asyncio.create_task(carrier.carry_out(window)) for window in islice(waiting, HEAD_START)]
+        try:
+            for index, window in enumerate(plan.windows):
+                timed = await tasks[index]
+                if index == HEAD_START - 1:
+                    tasks += [asyncio.create_task(carrier.carry_out(window)) for window in waiting]
+                yield window.audio, await asyncio.to_thread(work.in_order.add, timed)
+            yield work.in_order.transcript()
+        except BaseException as error:  # cancelled, closed early (GeneratorExit) or failed
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await carrier.abandon(error)
+            raise
+
     async def run(self, work: driver.Driver, request_id: str) -> Any:
         """``work``'s commands carried out on the engines, at most ``windows_in_flight`` of its engine
         requests at a time (one request's share). Cancelled (the client went away), it aborts the
         engine requests it started and drops what was captured for them."""
-        slots = asyncio.Semaphore(self.windows_in_flight)
-        started: list[str] = []
-        keys: list[str] = []
-
-        async def answer(command: driver.Command) -> Any:
-            if isinstance(command, driver.Generate):
-                return await self._generate(command.requests, request_id, slots, started, keys)
-            if isinstance(command, driver.Compute):
-                return await asyncio.gather(*(asyncio.to_thread(function) for function in command.functions))
-            if isinstance(command, driver.NoSpeech):
-                return await self.no_speech(command.keys)
-            if isinstance(command, driver.Fetch):
-                return await self.fetch(command.requests)
-            await self.discard(command.keys)
-            return None
-
+        carrier = _Carrier(self, request_id)
         try:
-            return await driver.carry_out_async(work, answer)
-        except asyncio.CancelledError:
-            await asyncio.gather(
-                self.engine_client.abort(started), self.discard(keys), return_exceptions=True
-            )
-            logger.info(
-                "%s: the client went away; aborted its %d engine requests and dropped their captures",
-                request_id,
-                len(started),
-            )
+            return await carrier.carry_out(work)
+        except asyncio.CancelledError as error:
+            await carrier.abandon(error)
             raise
-
-    async def _generate(
-        self,
-        requests: list[driver.EngineRequest],
-        request_id: str,
-        slots: asyncio.Semaphore,
-        started: list[str],
-        keys: list[str],
-    ) -> list[Any]:
-        async def generate_in_turn(request: driver.EngineRequest) -> Any:
-            async with slots:
-                engine_id = f"{request_id}-{request.name}"
-                started.append(engine_id)
-                keys.extend(request.capture_keys)
-                final = None
-                async for output in self.engine_client.generate(
-                    request.prompt, request.sampling_params, engine_id
-                ):
-                    final = output
-                return final
-
-        return list(await asyncio.gather(*[generate_in_turn(request) for request in requests]))
 
     # ---- worker RPCs -------------------------------------------------------------------------
 
@@ -250,3 +273,59 @@ class AlignmentService:
             return await collective_rpc_every_engine(self.engine_client, method, args)
         except Exception as error:
             raise driver.no_capture_error(error) or error from None
+
+
+class _Carrier:
+    """One request's commands carried out on the service's engines, for any number of its drivers at
+    once: its share of the engines (``windows_in_flight`` engine requests at a time), and what it has
+    started and captured, to abort and drop when the request is abandoned."""
+
+    def __init__(self, service: AlignmentService, request_id: str):
+        self.service, self.request_id = service, request_id
+        self.slots = asyncio.Semaphore(service.windows_in_flight)
+        self.started: list[str] = []
+        self.keys: list[str] = []
+
+    async def carry_out(self, work: driver.Driver) -> Any:
+        return await driver.carry_out_async(work, self.answer)
+
+    async def answer(self, command: driver.Command) -> Any:
+        service = self.service
+        if isinstance(command, driver.Generate):
+            return list(await asyncio.gather(*(self.generate(request) for request in command.requests)))
+        if isinstance(command, driver.Compute):
+            return await asyncio.gather(*(asyncio.to_thread(function) for function in command.functions))
+        if isinstance(command, driver.NoSpeech):
+            return await service.no_speech(command.keys)
+        if isinstance(command, driver.Fetch):
+            return await service.fetch(command.requests)
+        await service.discard(command.keys)
+        return None
+
+    async def generate(self, request: driver.EngineRequest) -> Any:
+        async with self.slots:
+            engine_id = f"{self.request_id}-{request.name}"
+            self.started.append(engine_id)
+            self.keys.extend(request.capture_keys)
+            final = None
+            async for output in self.service.engine_client.generate(
+                request.prompt, request.sampling_params, engine_id
+            ):
+                final = output
+            return final
+
+    async def abandon(self, reason: BaseException) -> None:
+        """Aborts the engine requests started and drops what was captured for them: the client went
+        away (``reason`` a cancellation, or the close of a streamed answer), or the request failed."""
+        await asyncio.gather(
+            self.service.engine_client.abort(self.started),
+            self.service.discard(self.keys),
+            return_exceptions=True,
+        )
+        gone = isinstance(reason, (asyncio.CancelledError, GeneratorExit))
+        logger.info(
+            "%s: %s; aborted its %d engine requests and dropped their captures",
+            self.request_id,
+            "the client went away" if gone else f"it failed ({type(reason).__name__})",
+            len(self.started),
+        )

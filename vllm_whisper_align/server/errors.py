@@ -44,6 +44,7 @@ def http_error(error: InputError) -> RequestError:
 
 
 def error_body(message: str, param: str | None = None, status: int = 400) -> dict:
+    """OpenAI's error body (also what a streamed answer's error event carries)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 

@@ -190,6 +190,7 @@ ALIGNMENT_SCHEMA = multipart_schema(
         },
         "language": {"type": "string"},
         "response_format": {"type": "string", "enum": list(ALIGNMENT_FORMATS)},
+        "stream": {"type": "boolean", "description": "verbose_json as server-sent events, window by window"},
     },
     (*ALIGNMENT_OPTIONS, *LINE_OPTIONS),
 )

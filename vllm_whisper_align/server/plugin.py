@@ -14,6 +14,7 @@ from vllm_whisper_align.options import echo
 from vllm_whisper_align.server.limits import ServerLimits
 
 if TYPE_CHECKING:
+    from vllm_whisper_align.runners.live import LiveStreams
     from vllm_whisper_align.runners.service import AlignmentService
     from vllm_whisper_align.server.uploads import Decoders
 
@@ -23,12 +24,13 @@ logger = get_logger(__name__)
 @dataclass
 class ServerState:
     """What the routes share: the engine's runner, the names the model is served under, the limits, the
-    decoding lanes."""
+    decoding lanes, the open live streams (``/v1/realtime``)."""
 
     service: AlignmentService
     served_model_names: list[str]
     limits: ServerLimits
     decoders: Decoders
+    live: LiveStreams
 
     def check_model(self, model: str | None) -> None:
         from vllm_whisper_align.server.errors import RequestError
@@ -42,19 +44,22 @@ class ServerState:
 
 
 class WhisperAlignEndpoints:
-    """Overrides /v1/audio/transcriptions and /v1/audio/translations; adds /v1/audio/alignments."""
+    """Overrides /v1/audio/transcriptions and /v1/audio/translations; adds /v1/audio/alignments and, for
+    Whisper (which vLLM serves none for), the realtime WebSocket /v1/realtime."""
 
     name = "whisper-align"
     required_tasks = ("transcription",)
 
     def attach_router(self, app: FastAPI) -> None:
+        from vllm_whisper_align.server import realtime, routes
         from vllm_whisper_align.server.errors import answer_errors_as_openai
-        from vllm_whisper_align.server.routes import router
 
-        app.include_router(router)
+        app.include_router(routes.router)
+        app.include_router(realtime.router)
         answer_errors_as_openai(app)
 
     async def init_state(self, engine_client, state: State, args: Namespace) -> None:
+        from vllm_whisper_align.runners.live import LiveStreams
         from vllm_whisper_align.runners.service import AlignmentService
         from vllm_whisper_align.server.uploads import Decoders
 
@@ -65,4 +70,4 @@ class WhisperAlignEndpoints:
         names = getattr(args, "served_model_name", None) or [args.model]
         limits = ServerLimits.from_env()
         service = await AlignmentService.create(engine_client, max_audio_s=limits.max_audio_s)
-        state.whisper_align = ServerState(service, list(names), limits, Decoders())
+        state.whisper_align = ServerState(service, list(names), limits, Decoders(), LiveStreams(service))

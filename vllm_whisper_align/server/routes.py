@@ -5,6 +5,7 @@ bodies on 400 (``errors``). The requests themselves run on ``runners.service``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -16,12 +17,13 @@ from vllm.utils import random_uuid
 from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.engine.vllm_internals import speech_to_text_handler
 from vllm_whisper_align.errors import InputError
-from vllm_whisper_align.formats import retiming
+from vllm_whisper_align.formats import events, retiming
 from vllm_whisper_align.formats.responses import ALIGNMENT_FORMATS, RESPONSE_FORMATS, write_result
 from vllm_whisper_align.formats.subtitles import SUBTITLE_FORMATS, SubtitleFile, read_subtitles
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import SubtitleOptions
-from vllm_whisper_align.server import forms, uploads
+from vllm_whisper_align.runners import decoding, driver
+from vllm_whisper_align.server import forms, streaming, uploads
 from vllm_whisper_align.server.errors import RequestError, error_response, http_error
 from vllm_whisper_align.server.plugin import ServerState
 
@@ -54,13 +56,7 @@ def _render(
     options: SubtitleOptions | None = None,
 ) -> Response:
     if response_format == "verbose_json":
-        body = transcript.to_dict()
-        if "word" not in granularities:
-            body.pop("words", None)
-            body.pop("tokens", None)
-        if granularities and "segment" not in granularities:
-            body["segments"] = None
-        return JSONResponse(body)
+        return JSONResponse(events.verbose_body(transcript, granularities))
     if response_format == "json":
         return JSONResponse({"text": transcript.text})
     granularity = "word" if "word" in granularities else "segment"
@@ -101,10 +97,12 @@ async def _cancellable(raw_request: Request, handler, **kwargs) -> Response:
 
 async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, task: str) -> Response:
     stream = forms.flag(form, "stream")
-    # A stream without timestamps is vLLM's own: it reads its request's fields, and none of ours.
-    vllm_fields = set(_vllm_request_class(task).model_fields) if stream else set()
+    # verbose_json streams here, with every field of ours; json and text stream as vLLM's own, which
+    # reads its request's fields, and none of ours.
+    vllm_stream = stream and forms.text(form, "response_format") != "verbose_json"
+    vllm_fields = set(_vllm_request_class(task).model_fields) if vllm_stream else set()
     forms.check_fields(form, forms.TRANSCRIPTION_FIELDS | vllm_fields)
-    if stream:
+    if vllm_stream:
         for name in forms.TRANSCRIPTION_FIELDS - vllm_fields - forms.REPEATABLE_FIELDS:
             if name in form:
                 raise RequestError(f"`{name}` does not apply to `stream=true`", name)
@@ -117,10 +115,12 @@ async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, t
             "`timestamp_granularities[]` requires `response_format=verbose_json`", "timestamp_granularities[]"
         )
     if stream:
-        if granularities or response_format not in ("json", "text"):
+        if response_format == "verbose_json":
+            return await _streamed_transcription(state, form, task, granularities)
+        if response_format not in ("json", "text"):
             raise RequestError(
-                "`stream=true` cannot carry word or segment timestamps; send the request without "
-                "`stream`, or stream without `timestamp_granularities[]`",
+                "`stream=true` streams json or text (vLLM's stream), or verbose_json with its timestamps; "
+                f"not {response_format}",
                 "stream",
             )
         forms.transcription_options(form)  # the sampling fields' ranges, as without `stream`
@@ -138,6 +138,25 @@ async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, t
         options=options,
     )
     return _render(transcript, response_format, granularities, subtitle_options)
+
+
+async def _streamed_transcription(
+    state: ServerState, form: Any, task: str, granularities: list[str]
+) -> Response:
+    """verbose_json streamed window by window (``server.streaming``); the request is checked and its
+    language detected before the stream starts."""
+    options = forms.transcription_options(form)
+    samples = await _audio(form, state)
+    request_id = f"trsc-{random_uuid()}"
+    plan = await state.service.transcription_plan(
+        samples,
+        request_id=request_id,
+        language=forms.text(form, "language") or None,
+        task=task,
+        prompt=forms.text(form, "prompt") or None,
+        options=options,
+    )
+    return streaming.windows_response(state.service, plan, request_id, granularities)
 
 
 @router.post("/v1/audio/transcriptions", openapi_extra=forms.TRANSCRIPTION_SCHEMA)
@@ -167,9 +186,11 @@ async def create_translation(raw_request: Request):
 
 @router.get("/v1/audio/alignments/stats")
 async def alignment_stats(raw_request: Request):
-    """What the workers hold for word timestamps: live requests, unfetched results, bytes."""
+    """What the workers hold for word timestamps: live requests, unfetched results, bytes; and the open
+    realtime streams and the audio their buffers hold."""
     try:
-        return JSONResponse(await _state(raw_request).service.stats())
+        state = _state(raw_request)
+        return JSONResponse({**await state.service.stats(), **state.live.stats()})
     except InputError as error:
         error = http_error(error)
         return error_response(error.message, error.param, error.status)
@@ -197,6 +218,8 @@ async def _alignment(raw_request: Request, state: ServerState, form: Any) -> Res
     forms.check_fields(form, forms.ALIGNMENT_FIELDS)
     state.check_model(forms.text(form, "model"))
     if form.get("subtitles") is not None:
+        if forms.flag(form, "stream"):
+            raise RequestError("re-timing `subtitles` does not stream; send it without `stream`", "stream")
         return await _retiming(state, form)
     response_format = forms.choice(form, "response_format", ALIGNMENT_FORMATS, "json")
     subtitle_options = forms.subtitle_options(form)
@@ -204,6 +227,10 @@ async def _alignment(raw_request: Request, state: ServerState, form: Any) -> Res
     text, token_ids = forms.text(form, "text"), forms.token_ids(forms.text(form, "tokens"))
     if (text is None) == (token_ids is None):
         raise RequestError("give exactly one of `text` or `tokens`", "text")
+    if forms.flag(form, "stream"):
+        return await _streamed_alignment(
+            state, form, options, response_format, text=text, token_ids=token_ids
+        )
     samples = await _audio(form, state)
     transcript = await _aligned(state, samples, form, options, text=text, token_ids=token_ids)
     if response_format == "json":
@@ -212,10 +239,48 @@ async def _alignment(raw_request: Request, state: ServerState, form: Any) -> Res
     return _render(transcript, response_format, ["word", "segment"], subtitle_options)
 
 
-async def _aligned(state: ServerState, samples, form: Any, options, **given) -> Transcript:
-    """The service's alignment, a mistake in the text named as the field it came in."""
+async def _streamed_alignment(
+    state: ServerState, form: Any, options, response_format: str, **given
+) -> Response:
+    """A forced alignment streamed (verbose_json): audio up to 30 s as its one window; a long-form
+    alignment's windows once the whole recording is read (``server.streaming.whole_response``)."""
+    if response_format != "verbose_json":
+        raise RequestError("`stream=true` streams `response_format=verbose_json` only", "stream")
+    samples = await _audio(form, state)
+    request_id = f"algn-{random_uuid()}"
+    if not driver.needs_windows(samples):
+        with _given_field(given):
+            plan = state.service.alignment_plan(
+                samples, language=forms.text(form, "language") or None, options=options, **given
+            )
+        return streaming.windows_response(state.service, plan, request_id, ["word", "segment"], forced=True)
+    with _given_field(given):  # the text's mistakes are a 400 here, not an error event mid-stream
+        state.service.tokens.check_language(forms.text(form, "language") or None)
+        decoding.text_to_tokens(given["text"], given["token_ids"], state.service.tokens)
+    return streaming.whole_response(
+        state.service,
+        lambda: _aligned(state, samples, form, options, **given),
+        samples,
+        request_id,
+        ["word", "segment"],
+    )
+
+
+@contextlib.contextmanager
+def _given_field(given: dict):
+    """A mistake in the given text named as the field it came in (``text`` or ``tokens``)."""
     field = "tokens" if given.get("token_ids") is not None else "text"
     try:
+        yield
+    except InputError as error:
+        if error.param in (None, "text", "tokens"):
+            error.param = field
+        raise
+
+
+async def _aligned(state: ServerState, samples, form: Any, options, **given) -> Transcript:
+    """The service's alignment, a mistake in the text named as the field it came in."""
+    with _given_field(given):
         return await state.service.align(
             samples,
             request_id=f"algn-{random_uuid()}",
@@ -223,10 +288,6 @@ async def _aligned(state: ServerState, samples, form: Any, options, **given) -> 
             options=options,
             **given,
         )
-    except InputError as error:
-        if error.param in (None, "text", "tokens"):
-            error.param = field
-        raise
 
 
 async def _retiming(state: ServerState, form: Any) -> Response:

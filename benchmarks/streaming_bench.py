@@ -1,0 +1,274 @@
+"""Live word timestamps on /v1/realtime: how late the words come, how they compare with the offline
+transcription of the same audio, and how many real-time streams one server holds.
+
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/streaming_bench.py     # a few minutes
+    .venv/bin/python benchmarks/streaming_bench.py --server http://127.0.0.1:8000 --max-streams 2  # a smoke
+
+It starts `vllm-whisper-align serve` (tiny.en, float32: tests/support/servers.py) unless --server names
+one, and streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
+
+- one stream at a time: espeak-ng sentences (exact word starts, tests/support/speech.py) and real speech
+  (tests/support/real_speech.py, joined with their own pauses), each recording its own stream. Per
+  confirmed word, its delay: when its transcription.word arrived, less when the audio of the word's end
+  (its own `end`) was sent. The words against the offline transcription of the same audio (one plain
+  request: word error rate, the offline words as reference), and both against the truth: the share of
+  truth words whose start is within 50 ms (a word neither heard is a miss).
+- N streams at once (different sentences, each at real time) for N = 1, 2, 4, ... until the median delay
+  of a level passes 2 s: the most streams whose median stays within it.
+
+Writes benchmarks/out/streaming.json and prints a section for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import datetime
+import json
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import real_speech  # noqa: E402
+from tests.support.servers import running_server, wav_bytes  # noqa: E402
+from tests.support.speech import concatenate_clips, sentence_clips, start_errors  # noqa: E402
+from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
+
+OUT = HERE / "out" / "streaming.json"
+CHUNK_S = 0.1
+MAX_MEDIAN_DELAY_S = 2.0
+WITHIN_S = 0.05
+# The real-speech recordings streamed one at a time (joined clips: real pauses between sentences).
+REAL_RECORDINGS = 3
+
+
+def plain(word: str) -> str:
+    return word.strip(" .,!?;:\"'").lower()
+
+
+def word_errors(reference: list[str], heard: list[str]) -> int:
+    """Substitutions, deletions and insertions turning ``reference`` into ``heard``."""
+    row = list(range(len(heard) + 1))
+    for i, ref in enumerate(reference, 1):
+        previous, row[0] = row[0], i
+        for j, word in enumerate(heard, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref != word))
+    return row[-1]
+
+
+async def stream(url: str, samples: np.ndarray) -> list[dict]:
+    """``samples`` at real time; each confirmed word with ``delay`` (s after its end was sent)."""
+    import websockets
+
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    step = int(CHUNK_S * SAMPLE_RATE)
+    words: list[dict] = []
+    async with websockets.connect(url, max_size=2**26) as socket:
+        await socket.recv()  # session.created
+        started = time.monotonic()
+
+        async def send() -> None:
+            for index, begin in enumerate(range(0, len(pcm), step)):
+                await asyncio.sleep(max(0.0, started + index * CHUNK_S - time.monotonic()))
+                audio = base64.b64encode(pcm[begin : begin + step].tobytes()).decode()
+                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            await socket.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+        sender = asyncio.create_task(send())
+        while True:
+            event = json.loads(await socket.recv())
+            if event["type"] == "transcription.word":
+                arrived = time.monotonic() - started
+                # The audio up to the word's end was sent with the chunk that holds it.
+                end_sent = np.ceil(event["end"] / CHUNK_S) * CHUNK_S
+                words.append({**event, "delay": arrived - min(end_sent, len(samples) / SAMPLE_RATE)})
+            elif event["type"] in ("transcription.done", "error"):
+                assert event["type"] == "transcription.done", event
+                break
+        await sender
+    return words
+
+
+def offline_words(server: str, samples: np.ndarray) -> list[dict]:
+    response = httpx.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("clip.wav", wav_bytes(samples), "audio/wav")},
+        data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+        timeout=600,
+    )
+    response.raise_for_status()
+    return response.json()["words"]
+
+
+def within(clip, words: list[dict]) -> tuple[int, int]:
+    """Truth words (with a known start) whose start is within WITHIN_S, and how many there are."""
+    errors = start_errors(clip, words)
+    known = ~np.isnan(errors)
+    return int((errors[known] <= WITHIN_S).sum()), int(known.sum())
+
+
+def recordings() -> list[tuple[str, object]]:
+    sentences = sentence_clips()
+    synthetic = [("synthetic", concatenate_clips(sentences[i : i + 4])) for i in (0, 4)]
+    joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
+    return synthetic + [("real", clip) for clip in joined[:REAL_RECORDINGS]]
+
+
+def one_at_a_time(server: str, url: str) -> dict:
+    rows = []
+    for kind, clip in recordings():
+        streamed = asyncio.run(stream(url, clip.samples))
+        offline = offline_words(server, clip.samples)
+        reference, heard = [plain(w["word"]) for w in offline], [plain(w["word"]) for w in streamed]
+        rows.append(
+            {
+                "kind": kind,
+                "seconds": round(len(clip.samples) / SAMPLE_RATE, 2),
+                "delays": [round(w["delay"], 3) for w in streamed],
+                "word_errors": word_errors(reference, heard),
+                "offline_words": len(reference),
+                "streamed_within": within(clip, streamed),
+                "offline_within": within(clip, offline),
+            }
+        )
+        print(
+            f"  {kind} {rows[-1]['seconds']} s: median delay {np.median(rows[-1]['delays']):.2f} s",
+            flush=True,
+        )
+    return {"recordings": rows, **summary(rows)}
+
+
+def summary(rows: list[dict]) -> dict:
+    delays = [d for row in rows for d in row["delays"]]
+    out = {"median_delay_s": float(np.median(delays)), "p90_delay_s": float(np.percentile(delays, 90))}
+    out["wer_vs_offline"] = sum(r["word_errors"] for r in rows) / sum(r["offline_words"] for r in rows)
+    for kind in ("synthetic", "real"):
+        chosen = [r for r in rows if r["kind"] == kind]
+        for side in ("streamed", "offline"):
+            hits, total = (sum(r[f"{side}_within"][k] for r in chosen) for k in (0, 1))
+            out[f"{kind}_{side}_within_50ms"] = hits / total if total else None
+    return out
+
+
+async def at_once(url: str, clips: list) -> list[float]:
+    words = await asyncio.gather(*(stream(url, clip.samples) for clip in clips))
+    return [w["delay"] for stream_words in words for w in stream_words]
+
+
+def concurrency(url: str, max_streams: int) -> dict:
+    sentences = sentence_clips()
+    levels, held = [], 0
+    count = 1
+    while count <= max_streams:
+        clips = [
+            concatenate_clips([sentences[(i + k) % len(sentences)] for k in range(3)]) for i in range(count)
+        ]
+        delays = asyncio.run(at_once(url, clips))
+        median = float(np.median(delays))
+        levels.append(
+            {"streams": count, "median_delay_s": median, "p90_delay_s": float(np.percentile(delays, 90))}
+        )
+        print(f"  {count} streams: median delay {median:.2f} s", flush=True)
+        if median > MAX_MEDIAN_DELAY_S:
+            break
+        held = count
+        count *= 2
+    return {"levels": levels, "streams_held": held}
+
+
+def cpu() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "Zen 4 with AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
+
+
+def report(result: dict) -> str:
+    one, many = result["one_stream"], result["concurrency"]
+
+    def pct(value):
+        return "–" if value is None else f"{100 * value:.1f}%"
+
+    lines = [
+        "## Live word timestamps (/v1/realtime)",
+        "",
+        f"Taken {result['taken']} under `flock -x /tmp/vwa-bench.lock` by:",
+        "",
+        "```",
+        result["command"],
+        "```",
+        "",
+        f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en float32 on `vllm-whisper-align serve`",
+        f"- Audio, one stream at a time at real time: {len(one['recordings'])} recordings, "
+        f"{sum(r['seconds'] for r in one['recordings']):.0f} s (espeak-ng sentences and joined real speech)",
+        "",
+        "| one stream | figure | target |",
+        "|---|---|---|",
+        f"| delay, word end to its arrival, median | {one['median_delay_s']:.2f} s | <= 2 s |",
+        f"| delay, p90 | {one['p90_delay_s']:.2f} s | <= 3.5 s |",
+        f"| WER of the streamed words against offline | {pct(one['wer_vs_offline'])} | <= 5% |",
+        *(
+            f"| starts within 50 ms, {kind}: streamed / offline | {pct(one[f'{kind}_streamed_within_50ms'])}"
+            f" / {pct(one[f'{kind}_offline_within_50ms'])} | offline - 10 points at most |"
+            for kind in ("synthetic", "real")
+        ),
+        "",
+        "| streams at once | median delay | p90 delay |",
+        "|---|---|---|",
+        *(
+            f"| {lv['streams']} | {lv['median_delay_s']:.2f} s | {lv['p90_delay_s']:.2f} s |"
+            for lv in many["levels"]
+        ),
+        "",
+        f"Streams held with the median delay within 2 s: {many['streams_held']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--server", default=None, help="a running server (default: start one)")
+    parser.add_argument("--max-streams", type=int, default=16)
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        server = args.server
+        if server is None:
+            from vllm_whisper_align.checkpoints.bundled import default_model_path
+
+            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            server = stack.enter_context(running_server(default_model_path(), log_dir))
+        url = server.replace("http://", "ws://") + "/v1/realtime"
+        print("one stream at a time", flush=True)
+        one = one_at_a_time(server, url)
+        print("streams at once", flush=True)
+        many = concurrency(url, args.max_streams)
+    result = {
+        "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/streaming_bench.py "
+        + shlex.join(sys.argv[1:]),
+        "cpu": cpu(),
+        "cores": len(__import__("os").sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "one_stream": one,
+        "concurrency": many,
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=1))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+"""Word timestamps while the audio arrives, through a real server process: a file streamed as
+server-sent events (``stream=true`` with ``verbose_json``), and live audio over ``/v1/realtime`` with the
+real ``websockets`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+
+from tests.support.servers import assert_openai_error, free_port, wav_bytes
+from tests.support.speech import align_words, concatenate_clips, long_clip, sentence_clips
+from vllm_whisper_align.constants import SAMPLE_RATE
+
+MAX_AUDIO_S = 120
+# What a realtime client sends at a time: 100 ms of PCM16.
+CHUNK_S = 0.1
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    """`vllm-whisper-align serve` on a free port (WHISPER_ALIGN_TEST_SERVER reuses one started the same
+    way, with VLLM_WHISPER_ALIGN_MAX_AUDIO_S=120)."""
+    from tests.support.servers import running_server
+
+    if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
+        yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
+        return
+    env = {"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)}
+    with running_server(model_dir, tmp_path_factory.mktemp("server"), env=env) as base:
+        yield base
+
+
+# ---------------------------------------------------------------------------- streamed files
+
+
+def streamed_events(server: str, route: str, audio: bytes, **fields) -> list[dict | str]:
+    """The events of a streamed answer, each parsed (the last is the string ``[DONE]``)."""
+    with httpx.stream(
+        "POST",
+        f"{server}/v1/audio/{route}",
+        files={"file": ("clip.wav", audio, "audio/wav")},
+        data={"stream": "true", "response_format": "verbose_json", **fields},
+        timeout=600,
+    ) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        data = [line[len("data: ") :] for line in response.iter_lines() if line.startswith("data: ")]
+    return [payload if payload == "[DONE]" else json.loads(payload) for payload in data]
+
+
+def assert_same_body(streamed, plain, path: str = "body") -> None:
+    """The same answer: every text, id and structure equal, every number equal up to float32 noise
+    (the windows ran in other engine batches than the plain request's: vLLM's kernels then sum in
+    another order, tests/support/servers.py)."""
+    if isinstance(plain, float) and isinstance(streamed, float):
+        assert streamed == pytest.approx(plain, rel=1e-4, abs=1e-5), path
+    elif isinstance(plain, dict):
+        assert isinstance(streamed, dict) and streamed.keys() == plain.keys(), path
+        for key in plain:
+            assert_same_body(streamed[key], plain[key], f"{path}.{key}")
+    elif isinstance(plain, list):
+        assert isinstance(streamed, list) and len(streamed) == len(plain), path
+        for index, (a, b) in enumerate(zip(streamed, plain, strict=True)):
+            assert_same_body(a, b, f"{path}[{index}]")
+    else:
+        assert streamed == plain, path
+
+
+def test_streamed_file_sends_each_window_in_order_then_the_plain_body(server):
+    """A 100 s file: one delta per window in order, each window's words in it with absolute times, the
+    deltas' words are the answer's, and the done event is the body the request without stream gets."""
+    clip = long_clip(100.0)
+    audio = wav_bytes(clip)
+    fields = {"timestamp_granularities[]": ["word", "segment"]}
+    plain = httpx.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("clip.wav", audio, "audio/wav")},
+        data={"response_format": "verbose_json", **fields},
+        timeout=600,
+    )
+    assert plain.status_code == 200, plain.text
+    events = streamed_events(server, "transcriptions", audio, **fields)
+
+    assert events[-1] == "[DONE]"
+    *deltas, done = events[:-1]
+    assert done["type"] == "transcript.text.done"
+    assert_same_body({k: v for k, v in done.items() if k != "type"}, plain.json())
+    assert len(deltas) >= 4 and all(event["type"] == "transcript.text.delta" for event in deltas)
+    assert [event["window"]["index"] for event in deltas] == list(range(len(deltas)))
+    starts = [event["window"]["start"] for event in deltas]
+    assert starts == sorted(starts) and starts[0] == 0.0 and deltas[-1]["window"]["end"] > 90.0
+    for event in deltas:
+        window = event["window"]
+        for word in event["words"]:  # absolute times: within the window they came in
+            assert window["start"] - 0.05 <= word["start"] <= word["end"] <= window["end"] + 0.05, (
+                word,
+                window,
+            )
+    assert [w for event in deltas for w in event["words"]] == done["words"]
+    assert [s for event in deltas for s in event["segments"]] == done["segments"]
+    assert "".join(event["delta"] for event in deltas).strip() == done["text"]
+    # Later windows say what is spoken there: times run on across the file, not from each window's 0.
+    assert done["words"][-1]["start"] > 90.0
+
+
+def test_streamed_long_alignment_mistakes_are_a_400_before_the_stream(server):
+    """A long-form alignment's text is checked before its stream starts: bad token ids are a plain 400
+    naming the field (not an error event after a 200)."""
+    audio = wav_bytes(long_clip(40.0))
+    for fields, param in (({"tokens": "[99999]"}, "tokens"), ({"text": "  "}, "text")):
+        response = httpx.post(
+            f"{server}/v1/audio/alignments",
+            files={"file": ("clip.wav", audio, "audio/wav")},
+            data={"stream": "true", "response_format": "verbose_json", **fields},
+            timeout=600,
+        )
+        assert_openai_error(response, param)
+
+
+def test_streamed_alignment_of_one_window_matches_the_plain_body(server):
+    clip = sentence_clips()[6]
+    audio = wav_bytes(clip)
+    plain = httpx.post(
+        f"{server}/v1/audio/alignments",
+        files={"file": ("clip.wav", audio, "audio/wav")},
+        data={"text": clip.text, "response_format": "verbose_json"},
+        timeout=600,
+    )
+    assert plain.status_code == 200, plain.text
+    events = streamed_events(server, "alignments", audio, text=clip.text)
+    delta, done, end = events
+    assert end == "[DONE]" and delta["window"]["index"] == 0
+    assert_same_body({k: v for k, v in done.items() if k != "type"}, plain.json())
+    assert delta["words"] == done["words"] and plain_words(delta["words"]) == clip.words
+
+
+# ---------------------------------------------------------------------------- live audio
+
+
+def pcm16_chunks(samples: np.ndarray) -> list[str]:
+    """``samples`` as base64 PCM16 chunks of CHUNK_S, as a realtime client sends them."""
+    pcm = (np.clip(samples, -1, 1) * 32767).astype("<i2")
+    step = int(CHUNK_S * SAMPLE_RATE)
+    return [base64.b64encode(pcm[i : i + step].tobytes()).decode() for i in range(0, len(pcm), step)]
+
+
+def realtime_url(server: str) -> str:
+    return server.replace("http://", "ws://") + "/v1/realtime"
+
+
+async def stream_live(server: str, samples: np.ndarray, speed: float = 1.0) -> dict:
+    """``samples`` sent at ``speed`` times real time; every event the server sends until
+    ``transcription.done``, each with the stream time it arrived at."""
+    received: list[tuple[float, dict]] = []
+    async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
+        created = json.loads(await socket.recv())
+        assert created["type"] == "session.created", created
+        await socket.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))
+        started = time.monotonic()
+
+        async def send_audio() -> None:
+            for index, chunk in enumerate(pcm16_chunks(samples)):
+                due = started + index * CHUNK_S / speed
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            await socket.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+        sender = asyncio.create_task(send_audio())
+        while True:
+            event = json.loads(await asyncio.wait_for(socket.recv(), timeout=120))
+            received.append(((time.monotonic() - started) * speed, event))
+            if event["type"] in ("transcription.done", "error"):
+                break
+        await sender
+    return {
+        "events": [event for _, event in received],
+        "words": [(at, event) for at, event in received if event["type"] == "transcription.word"],
+    }
+
+
+def plain_words(words) -> list[str]:
+    return [word["word"].strip(" .,!?;:\"'").lower() for word in words]
+
+
+def offline_words(server: str, clip) -> list[str]:
+    """The words of ``clip`` transcribed as a file (plain words)."""
+    body = httpx.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("clip.wav", wav_bytes(clip), "audio/wav")},
+        data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+        timeout=600,
+    ).json()
+    return plain_words(body["words"])
+
+
+def test_realtime_stream_gives_every_word_with_its_times(server):
+    """Two sentences at real time: every word of the offline transcription of the same audio arrives as
+    a transcription.word with start, end and probability, in order, at stream times; the deltas are
+    their text, done holds all of them; partial text is marked as such."""
+    clip = concatenate_clips(sentence_clips()[1:3])
+    offline = offline_words(server, clip)
+    live = asyncio.run(stream_live(server, clip.samples))
+    events = live["events"]
+    assert events[-1]["type"] == "transcription.done", events[-3:]
+    words = [event for _, event in live["words"]]
+    assert plain_words(words) == offline
+    assert all(set(word) == {"type", "word", "start", "end", "probability"} for word in words)
+    assert all(
+        0 <= w["start"] <= w["end"] <= clip.duration + 0.05 and 0 < w["probability"] <= 1 for w in words
+    )
+    starts = [w["start"] for w in words]
+    assert starts == sorted(starts)
+    truth = dict(align_words([w.lower() for w in clip.words], plain_words(words)))
+    close = [abs(words[j]["start"] - clip.starts[i]) <= 0.2 for i, j in truth.items()]
+    assert len(truth) >= len(clip.words) - 1 and np.mean(close) >= 0.8, (words, clip.starts)
+    deltas = "".join(event["delta"] for event in events if event["type"] == "transcription.delta")
+    assert deltas == "".join(w["word"] for w in words)
+    assert events[-1]["words"] == [{k: v for k, v in w.items() if k != "type"} for w in words]
+    assert events[-1]["text"] == deltas.strip()
+    assert any(event["type"] == "transcription.partial" for event in events)
+
+
+def test_two_live_streams_at_once_are_not_mixed_up(server):
+    """Two different recordings streamed at the same time (twice real time) each get their own words."""
+    first = concatenate_clips(sentence_clips()[3:5])
+    second = concatenate_clips(sentence_clips()[6:8])
+
+    async def both():
+        return await asyncio.gather(
+            stream_live(server, first.samples, speed=2.0), stream_live(server, second.samples, speed=2.0)
+        )
+
+    offline = [offline_words(server, clip) for clip in (first, second)]
+    live = [[event for _, event in stream["words"]] for stream in asyncio.run(both())]
+    for own, other in ((0, 1), (1, 0)):
+        heard = plain_words(live[own])
+        assert len(align_words(offline[own], heard)) >= 0.8 * len(offline[own]), (heard, offline[own])
+        assert len(align_words(offline[other], heard)) <= 0.5 * len(offline[other]), (heard, offline[other])
+        assert len(heard) <= len(offline[own]) + 2, (heard, offline[own])
+
+
+def live_stats(server: str) -> dict:
+    return httpx.get(f"{server}/v1/audio/alignments/stats", timeout=30).json()
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
+    """A client sends 20 s of speech as fast as it can and leaves while it is decoded: the stream, its
+    buffered audio and every capture of its decodes are gone (the stats route), the server serves on."""
+    clip = concatenate_clips(sentence_clips())
+
+    async def leave_mid_stream() -> dict:
+        async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
+            await socket.recv()
+            for chunk in pcm16_chunks(clip.samples):
+                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            while json.loads(await socket.recv())["type"] != "transcription.word":
+                pass  # decoding has started
+            return await asyncio.to_thread(live_stats, server)
+
+    during = asyncio.run(leave_mid_stream())
+    assert during["live_streams"] == 1 and during["live_buffered_samples"] > 0, during
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        stats = live_stats(server)
+        if stats["live_streams"] == 0 and stats["tracked"] == 0 and stats["parked"] == 0:
+            break
+        time.sleep(0.5)
+    assert stats["live_streams"] == 0 and stats["live_buffered_samples"] == 0, stats
+    assert stats["tracked"] == 0 and stats["parked"] == 0 and stats["requests_in_flight"] == 0, stats
+    live = asyncio.run(stream_live(server, sentence_clips()[0].samples, speed=4.0))
+    assert "mat" in plain_words([event for _, event in live["words"]])
+
+
+def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
+    async def mistakes() -> list[dict]:
+        async with websockets.connect(realtime_url(server)) as socket:
+            await socket.recv()
+            sent = [
+                "not json",
+                json.dumps({"type": "no.such.event"}),
+                json.dumps({"type": "input_audio_buffer.append", "audio": "@@@"}),
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}),
+                json.dumps({"type": "session.update", "model": "no-such-model"}),
+                json.dumps({"type": "session.update", "temprature": 0.2}),
+            ]
+            answers = []
+            for message in sent:
+                await socket.send(message)
+                answers.append(json.loads(await socket.recv()))
+            return answers
+
+    answers = asyncio.run(mistakes())
+    assert [a["type"] for a in answers] == ["error"] * 6, answers
+    codes = [a["code"] for a in answers]
+    assert codes == [
+        "invalid_json",
+        "unknown_event",
+        "invalid_audio",
+        "invalid_audio",
+        "model_not_found",
+        "invalid_event",
+    ]
+
+
+# ---------------------------------------------------------------------------- the CLI door
+
+
+def run_stream_cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    cli = str(Path(sys.executable).parent / "vllm-whisper-align")
+    return subprocess.run([cli, "stream", *args], input=stdin, capture_output=True, timeout=900)
+
+
+def pcm16_bytes(samples: np.ndarray) -> bytes:
+    return (np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def test_cli_streams_a_file_to_a_server_word_by_word(server, tmp_path):
+    """`stream FILE --server URL --jsonl`: one JSON word a line (times, probability), the words of the
+    offline transcription; a stream of stdin with an odd byte count, and a server that is not there,
+    are one-line errors with a non-zero exit."""
+    clip = concatenate_clips(sentence_clips()[4:6])
+    path = tmp_path / "clip.wav"
+    path.write_bytes(wav_bytes(clip))
+    done = run_stream_cli(str(path), "--server", server, "--speed", "3", "--jsonl")
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    words = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert plain_words(words) == offline_words(server, clip)
+    assert all(set(w) == {"word", "start", "end", "probability"} and w["start"] <= w["end"] for w in words)
+
+    odd = run_stream_cli("-", "--server", server, stdin=pcm16_bytes(clip.samples[:16000]) + b"\0")
+    assert odd.returncode != 0 and "odd number of bytes" in odd.stderr.decode(), odd.stderr.decode()
+    gone = run_stream_cli(str(path), "--server", f"http://127.0.0.1:{free_port()}")
+    assert gone.returncode != 0 and len(gone.stderr.decode().strip().splitlines()) == 1, gone.stderr.decode()
+
+
+def test_cli_streams_stdin_in_process(server):
+    """`stream -` without --server: raw PCM16 on stdin through an engine in this process, each word
+    printed as `start end word`; the words of the offline transcription (on the server: the same model)."""
+    clip = sentence_clips()[2]
+    done = run_stream_cli("-", "--dtype", "float32", stdin=pcm16_bytes(clip.samples))
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    lines = [line.split(maxsplit=2) for line in done.stdout.decode().splitlines()]
+    assert all(float(start) <= float(end) for start, end, _ in lines)
+    assert plain_words([{"word": word} for _, _, word in lines]) == offline_words(server, clip)

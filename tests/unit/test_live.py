@@ -1,0 +1,195 @@
+"""The live policy without an engine: LocalAgreement, and the rolling buffer fed by a stand-in decoder
+that hears exactly the words lying inside what it is given (the one cut by the buffer's end misheard)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.live import buffer as live_buffer
+from vllm_whisper_align.live.agreement import Agreement
+from vllm_whisper_align.live.buffer import RollingBuffer
+
+
+def word(text: str, start: float, end: float) -> Word:
+    return Word(start, end, text, 0.9)
+
+
+def texts(words) -> list[str]:
+    return [w.word.strip() for w in words]
+
+
+def test_two_decodes_confirm_their_common_prefix_with_the_newer_times():
+    agreement = Agreement()
+    assert agreement.confirm([word(" a", 0.0, 0.4), word(" b", 0.5, 0.9)]) == []
+    confirmed = agreement.confirm([word(" a", 0.02, 0.41), word(" b", 0.5, 0.8), word(" c", 1.0, 1.2)])
+    assert texts(confirmed) == ["a", "b"]
+    assert (confirmed[0].start, confirmed[1].end) == (0.02, 0.8)  # the newer decode's times
+    assert texts(agreement.tail) == ["c"]
+
+
+def test_a_disagreement_stops_the_confirmation_there():
+    agreement = Agreement()
+    agreement.confirm([word(" a", 0.0, 0.4), word(" bee", 0.5, 0.9), word(" sea", 1.0, 1.2)])
+    second = agreement.confirm([word(" a", 0.0, 0.4), word(" be", 0.5, 0.9), word(" c", 1.0, 1.2)])
+    assert texts(second) == ["a"]
+    assert texts(agreement.confirm([word(" be", 0.5, 0.9), word(" c", 1.0, 1.2)])) == ["be", "c"]
+
+
+def test_a_word_read_two_ways_between_agreeing_words_is_confirmed_as_the_newer_decode_reads_it():
+    agreement = Agreement()
+    agreement.confirm([word(" The", 0.5, 0.8), word(" cat", 0.92, 1.3), word(" sat", 1.5, 1.9)])
+    confirmed = agreement.confirm([word(" A", 0.52, 0.8), word(" cat", 0.92, 1.3), word(" sad", 1.5, 1.9)])
+    assert texts(confirmed) == ["A", "cat"]  # "sat" / "sad": nothing agrees after it, it waits
+    # Read two ways at different places, it is two words, not one: nothing is confirmed.
+    agreement = Agreement()
+    agreement.confirm([word(" The", 0.5, 0.8), word(" cat", 0.92, 1.3)])
+    assert agreement.confirm([word(" A", 0.1, 0.3), word(" cat", 0.92, 1.3)]) == []
+
+
+def test_confirmed_words_said_again_at_a_decodes_start_are_not_confirmed_twice():
+    agreement = Agreement()
+    agreement.confirm([word(" one", 0.0, 0.3), word(" two", 0.4, 0.7)])
+    agreement.confirm([word(" one", 0.0, 0.3), word(" two", 0.4, 0.7)])
+    # The buffer still holds "two": a decode hears it again, placed a little later than before.
+    agreement.confirm([word(" two", 0.62, 0.9), word(" three", 1.0, 1.3)])
+    confirmed = agreement.confirm(
+        [word(" two", 0.62, 0.9), word(" three", 1.0, 1.3), word(" four", 1.4, 1.6)]
+    )
+    assert texts(confirmed) == ["three"]
+
+
+class StandInDecoder:
+    """Hears the words of ``truth`` inside the audio it is given (times relative to it); a word the
+    buffer's end cuts is misheard ("...")."""
+
+    def __init__(self, truth: list[Word]):
+        self.truth = truth
+
+    def __call__(self, decode: live_buffer.Decode) -> list[Word]:
+        end = decode.offset + len(decode.samples) / SAMPLE_RATE
+        heard = []
+        for w in self.truth:
+            if w.start >= decode.offset and w.end <= end:
+                heard.append(word(w.word, w.start - decode.offset, w.end - decode.offset))
+            elif w.start >= decode.offset and w.start < end:
+                heard.append(word(" ...", w.start - decode.offset, end - decode.offset))
+                break
+        return heard
+
+
+def speech(num_sentences: int, words_per_sentence: int = 6, word_s: float = 0.4, gap_s: float = 0.15):
+    """Sentences of words (the last of each ends with a full stop) and a matching length of audio."""
+    truth, t = [], 0.5
+    for s in range(num_sentences):
+        for w in range(words_per_sentence):
+            last = w == words_per_sentence - 1
+            truth.append(word(f" w{s}-{w}{'.' if last else ''}", round(t, 2), round(t + word_s, 2)))
+            t += word_s + (0.6 if last else gap_s)
+    return truth, np.zeros(int((t + 1.0) * SAMPLE_RATE), dtype=np.float32)
+
+
+def stream(samples: np.ndarray, decoder, chunk_s: float) -> tuple[list[Word], list[float]]:
+    """``samples`` fed ``chunk_s`` at a time, each decode that is due run at once; every confirmed word,
+    and the buffer's length after each decode."""
+    buffer, confirmed, lengths = RollingBuffer(), [], []
+    step = int(chunk_s * SAMPLE_RATE)
+    for start in range(0, len(samples), step):
+        buffer.append(samples[start : start + step])
+        if start + step >= len(samples):
+            buffer.end()
+        while buffer.wants_decode():
+            decode = buffer.next_decode()
+            assert len(decode.samples) <= live_buffer.WINDOW_S * SAMPLE_RATE
+            confirmed += buffer.take(decode, decoder(decode)).confirmed
+            lengths.append(buffer.seconds)
+    confirmed += buffer.finish().confirmed
+    return confirmed, lengths
+
+
+@pytest.mark.parametrize("chunk_s", [0.1, 0.37, 8.0])  # real time in small chunks, odd chunks, a file at once
+def test_every_word_is_confirmed_once_in_order_with_its_times(chunk_s):
+    truth, samples = speech(12)
+    confirmed, lengths = stream(samples, StandInDecoder(truth), chunk_s)
+    assert [(w.word, w.start, w.end) for w in confirmed] == [(w.word, w.start, w.end) for w in truth]
+    # Trimmed at sentence ends: the buffer never holds much more than TRIM_AFTER_S.
+    assert max(lengths) <= live_buffer.TRIM_AFTER_S + live_buffer.MAX_STEP_S
+
+
+def test_speech_without_a_sentence_end_keeps_the_buffer_within_a_window():
+    truth, samples = speech(1, words_per_sentence=120)  # one 66 s sentence: no full stop until its end
+    confirmed, lengths = stream(samples, StandInDecoder(truth), 0.5)
+    assert max(lengths) <= live_buffer.WINDOW_S
+    assert texts(confirmed) == texts(truth)
+
+
+def test_the_prompt_is_the_confirmed_text_before_the_buffer():
+    truth, samples = speech(6)
+    buffer, decoder = RollingBuffer(), StandInDecoder(truth)
+    buffer.append(samples)
+    prompts = []
+    while buffer.wants_decode():
+        decode = buffer.next_decode()
+        prompts.append((decode.offset, decode.prompt))
+        buffer.take(decode, decoder(decode))
+    offset, prompt = next((o, p) for o, p in prompts if o > 0)
+    assert prompt == "".join(w.word for w in truth if w.end <= offset).strip()
+
+
+def test_the_audio_after_the_end_is_refused():
+    buffer = RollingBuffer()
+    buffer.end()
+    with pytest.raises(ValueError):
+        buffer.append(np.zeros(10, dtype=np.float32))
+    assert buffer.following().offset == 0.0
+
+
+class FirstWordFlips(StandInDecoder):
+    """As StandInDecoder, but the first word it hears flips between two readings ("The" and "A") from
+    one decode to the next: the tail's first word never agrees with the previous decode's."""
+
+    calls = 0
+
+    def __call__(self, decode):
+        heard = super().__call__(decode)
+        self.calls += 1
+        if heard and self.calls % 2:
+            heard[0] = word(" flip", heard[0].start, heard[0].end)
+        return heard
+
+
+def test_a_word_that_never_agrees_does_not_lose_the_words_behind_it():
+    truth, samples = speech(1, words_per_sentence=120)  # no sentence end to trim at: the window fills
+    confirmed, lengths = stream(samples, FirstWordFlips(truth), 0.5)
+    assert max(lengths) <= live_buffer.WINDOW_S
+    spoken = texts(truth)
+    assert len(confirmed) == len(truth)
+    assert sum(a != b for a, b in zip(texts(confirmed), spoken, strict=True)) <= len(truth) // 10
+
+
+def test_stdin_chunks_read_pcm16_as_it_comes_and_refuse_an_odd_byte():
+    import io
+
+    from vllm_whisper_align.errors import InputError
+    from vllm_whisper_align.runners.live import stdin_chunks
+
+    pcm = (np.arange(-2000, 2000, dtype="<i2") * 8).tobytes()
+    chunks = list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm))))
+    np.testing.assert_array_equal(np.concatenate(chunks), np.frombuffer(pcm, "<i2") / 32768.0)
+    assert all(len(chunk) <= 1600 for chunk in chunks)
+    with pytest.raises(InputError, match="odd number of bytes"):
+        list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm + b"\0"))))
+
+
+def test_realtime_url_of_a_server():
+    from vllm_whisper_align.errors import InputError
+    from vllm_whisper_align.realtime_client import realtime_url
+
+    assert realtime_url("http://h:8000") == "ws://h:8000/v1/realtime"
+    assert realtime_url("https://h/api/") == "wss://h/api/v1/realtime"
+    assert realtime_url("ws://h:1/v1/realtime") == "ws://h:1/v1/realtime"
+    assert realtime_url("h:8000") == "ws://h:8000/v1/realtime"
+    with pytest.raises(InputError):
+        realtime_url("ftp://h")

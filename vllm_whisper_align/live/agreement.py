@@ -1,0 +1,102 @@
+"""LocalAgreement-2 over timed words: a word is confirmed once two consecutive decodes of the growing
+buffer both say it, in the same place of their text (ufal/whisper_streaming's ``HypothesisBuffer``).
+
+Each decode's words (absolute times) are compared with the previous decode's unconfirmed tail: their
+longest common prefix (word texts equal) is confirmed, with the times of the newer decode (it heard more
+of what follows each word, so its DTW places the word better); the rest becomes the tail the next
+decode is compared with. One word read two ways at the same place, between words both decodes agree
+on, is confirmed as the newer decode reads it (:meth:`Agreement._reread`). Words that start before the
+last confirmed word ends belong to text already confirmed, and a decode that repeats the last confirmed
+words at its start (the buffer still holds their audio) has the repetition dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vllm_whisper_align.align.words import Word
+
+# A decode's word that starts this long before the last confirmed word's end still counts as new
+# (DTW places the same boundary a little differently in each decode).
+OVERLAP_S = 0.1
+# Two decodes' words this close in start are at the same place (Agreement._reread).
+SAME_PLACE_S = 0.2
+# A decode whose first word starts within this of the last confirmed end may repeat confirmed words.
+REPEAT_WITHIN_S = 1.0
+# The longest repetition of confirmed words looked for at a decode's start.
+MAX_REPEAT_WORDS = 5
+
+
+def same_word(a: Word, b: Word) -> bool:
+    return a.word.strip() == b.word.strip()
+
+
+@dataclass
+class Agreement:
+    """What is confirmed so far, and the tail the next decode is compared with."""
+
+    # The previous decode's words that are not confirmed yet.
+    tail: list[Word] = field(default_factory=list)
+    # Confirmed words whose audio is still in the buffer (a decode says them again).
+    in_buffer: list[Word] = field(default_factory=list)
+    confirmed_end: float = 0.0
+
+    def confirm(self, words: Sequence[Word]) -> list[Word]:
+        """The words of a new decode that it and the previous one agree on, confirmed now."""
+        new = self._new_words(words)
+        confirmed: list[Word] = []
+        while new and self.tail and (same_word(new[0], self.tail[0]) or self._reread(new, self.tail)):
+            confirmed.append(new.pop(0))
+            self.tail.pop(0)
+        self.tail = new
+        self._take(confirmed)
+        return confirmed
+
+    @staticmethod
+    def _reread(new: list[Word], tail: list[Word]) -> bool:
+        """The two decodes read one word differently at the same place, and agree on the next: the word
+        is confirmed as the newer decode reads it. Small models flip between two readings of a word
+        from one decode to the next ("The", "A"), and by LocalAgreement alone such a word would hold up
+        everything behind it until the window is full."""
+        return (
+            len(new) > 1
+            and len(tail) > 1
+            and abs(new[0].start - tail[0].start) <= SAME_PLACE_S
+            and same_word(new[1], tail[1])
+            and abs(new[1].start - tail[1].start) <= SAME_PLACE_S
+        )
+
+    def confirm_tail(self) -> list[Word]:
+        """The unconfirmed tail, confirmed as it is: the audio has ended, no decode will come after."""
+        confirmed, self.tail = self.tail, []
+        self._take(confirmed)
+        return confirmed
+
+    def confirm_before(self, seconds: float) -> list[Word]:
+        """The tail's words that end by ``seconds``, confirmed as they are (their audio is going)."""
+        count = next((i for i, word in enumerate(self.tail) if word.end > seconds), len(self.tail))
+        confirmed, self.tail = self.tail[:count], self.tail[count:]
+        self._take(confirmed)
+        return confirmed
+
+    def forget_before(self, seconds: float) -> None:
+        """The buffer no longer holds the audio before ``seconds``: nothing there is said again."""
+        self.in_buffer = [word for word in self.in_buffer if word.end > seconds]
+        self.tail = [word for word in self.tail if word.start >= seconds]
+
+    def _take(self, confirmed: list[Word]) -> None:
+        if confirmed:
+            self.in_buffer += confirmed
+            self.confirmed_end = confirmed[-1].end
+
+    def _new_words(self, words: Sequence[Word]) -> list[Word]:
+        """``words`` without those the confirmed text already holds."""
+        new = [word for word in words if word.start > self.confirmed_end - OVERLAP_S]
+        if not new or not self.in_buffer or abs(new[0].start - self.confirmed_end) >= REPEAT_WITHIN_S:
+            return new
+        for count in range(1, min(len(self.in_buffer), len(new), MAX_REPEAT_WORDS) + 1):
+            said = self.in_buffer[-count:]
+            if all(same_word(a, b) for a, b in zip(said, new[:count], strict=True)):
+                return new[count:]
+        return new

@@ -1,0 +1,196 @@
+"""The rolling buffer of a live stream: the audio not yet settled, at most one window, decoded again each
+time about a second more has come, its words confirmed by :class:`~.agreement.Agreement`.
+
+What comes is appended; :meth:`RollingBuffer.wants_decode` says whether a decode is due (``STEP_S`` of
+new audio, or the end of the audio with something left to settle); :meth:`RollingBuffer.next_decode`
+moves the new audio into the buffer (at most ``MAX_STEP_S`` at a time, so that a client ahead of real
+time still has each decode hear more than the last) and says what to decode: the buffer, where it lies
+in the stream, and the confirmed text before it as the prompt (openai-whisper's ``initial_prompt``, as
+ufal/whisper_streaming: its last ``PROMPT_CHARS`` characters). :meth:`RollingBuffer.take` reads the
+decode's words, confirms what two decodes agree on and trims the buffer: once it is over
+``TRIM_AFTER_S``, at the end of its last confirmed sentence (or segment: a pause ends one too); when
+the next step might not fit in the window, at a word's end, the words before it confirmed as the
+latest decode heard them (:meth:`RollingBuffer._make_room`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from vllm_whisper_align.align.results import SEGMENT_PAUSE_S
+from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
+from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
+from vllm_whisper_align.live.agreement import Agreement
+
+# A decode is due once this much audio has come since the last (ufal/whisper_streaming's min-chunk-size).
+STEP_S = 1.0
+# A stream joins another's decode round with at least this much new audio: every decode has to hear
+# more than the one before (two decodes of the same audio agree on anything, a cut-off last word too).
+MIN_STEP_S = 0.5
+# The most new audio one decode takes in, for a client sending faster than real time.
+MAX_STEP_S = 5.0
+# The buffer holds at most one window.
+WINDOW_S = float(CHUNK_SECONDS)
+# Over this long, the buffer is trimmed at its last confirmed sentence end.
+TRIM_AFTER_S = 10.0
+# How much confirmed text before the buffer is the decoder's prompt.
+PROMPT_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One decode a stream asks for: ``samples`` (the buffer), which start ``offset`` seconds into the
+    stream; ``prompt``: the confirmed text before them."""
+
+    samples: np.ndarray
+    offset: float
+    prompt: str | None
+
+
+@dataclass(frozen=True)
+class Update:
+    """What a decode settled: words confirmed now, and the unconfirmed rest it heard (stream times)."""
+
+    confirmed: list[Word]
+    partial: list[Word]
+
+
+@dataclass
+class RollingBuffer:
+    """One stream's audio not yet settled, and what is confirmed."""
+
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    # Seconds of the stream at audio[0].
+    offset: float = 0.0
+    # What has come and is not in the buffer yet.
+    arrived: list[np.ndarray] = field(default_factory=list)
+    agreement: Agreement = field(default_factory=Agreement)
+    confirmed: list[Word] = field(default_factory=list)
+    ended: bool = False
+
+    # ---- audio in
+
+    def append(self, samples: np.ndarray) -> None:
+        if self.ended:
+            raise ValueError("the audio has ended")
+        if len(samples):
+            self.arrived.append(np.asarray(samples, dtype=np.float32))
+
+    def end(self) -> None:
+        """No more audio will come: what is left is decoded, and the last decode's words confirmed."""
+        self.ended = True
+
+    @property
+    def new_seconds(self) -> float:
+        return sum(len(a) for a in self.arrived) / SAMPLE_RATE
+
+    @property
+    def seconds(self) -> float:
+        """How much audio the buffer holds."""
+        return len(self.audio) / SAMPLE_RATE
+
+    @property
+    def stream_seconds(self) -> float:
+        """Seconds of the stream that have come (the buffer's end and what waits)."""
+        return self.offset + self.seconds + self.new_seconds
+
+    # ---- decodes
+
+    def wants_decode(self, min_step: float = STEP_S) -> bool:
+        """A decode is due: ``min_step`` of new audio, or the audio has ended with new audio left."""
+        new = self.new_seconds
+        return new >= min_step or (self.ended and new > 0)
+
+    def next_decode(self) -> Decode:
+        """Moves up to MAX_STEP_S of new audio into the buffer (trimming first what the window cannot
+        hold) and says what to decode."""
+        step = min(self.new_seconds, MAX_STEP_S)
+        overflow = self.seconds + step - WINDOW_S
+        if overflow > 0:  # take() leaves room for MAX_STEP_S; never more than a window all the same
+            self._trim_at(self.offset + overflow)
+        self._take_in(int(round(step * SAMPLE_RATE)))
+        return Decode(self.audio, self.offset, self._prompt())
+
+    def take(self, decode: Decode, words: Sequence[Word]) -> Update:
+        """A decode's words (times within ``decode.samples``): those two decodes agree on confirmed; the
+        buffer trimmed at its last confirmed sentence end once it is long."""
+        heard = [_shifted(word, decode.offset) for word in words]
+        confirmed = self.agreement.confirm(heard)
+        if self.seconds > TRIM_AFTER_S:
+            cut = self._sentence_cut()
+            if cut is not None:
+                self._trim_at(cut)
+        room = self.seconds - (WINDOW_S - MAX_STEP_S)
+        if room > 0:
+            confirmed += self._make_room(self.offset + room)
+        self.confirmed += confirmed
+        return Update(confirmed, list(self.agreement.tail))
+
+    def finish(self) -> Update:
+        """The audio has ended and the last decode heard all of it: its unconfirmed words confirmed."""
+        confirmed = self.agreement.confirm_tail()
+        self.confirmed += confirmed
+        return Update(confirmed, [])
+
+    def following(self) -> RollingBuffer:
+        """A new buffer for the audio after this one's end, on the same clock."""
+        return RollingBuffer(offset=self.stream_seconds)
+
+    # ---- trimming
+
+    def _sentence_cut(self) -> float | None:
+        """Where the last confirmed sentence in the buffer ends (a segment's end: a sentence mark, or a
+        pause of SEGMENT_PAUSE_S before the next word), never past the next word's start."""
+        words = [*self.agreement.in_buffer, *self.agreement.tail[:1]]
+        confirmed = len(self.agreement.in_buffer)
+        ends = [
+            i
+            for i in range(confirmed)
+            if words[i].word.rstrip()[-1:] in SENTENCE_END_MARKS
+            or (i + 1 < len(words) and words[i + 1].start - words[i].end >= SEGMENT_PAUSE_S)
+        ]
+        if not ends:
+            return None
+        last = ends[-1]
+        cut = words[last].end
+        if last + 1 < len(words):
+            cut = min(cut, words[last + 1].start)
+        return cut if cut > self.offset else None
+
+    def _make_room(self, at_least: float) -> list[Word]:
+        """The buffer cut at the first word end at or after ``at_least`` (else there), so that the next
+        step fits in the window. The unconfirmed words before the cut have been in the buffer for
+        nearly a window, decoded every step, without two decodes agreeing from the tail's start on (one
+        word that flips, "The" and "A", holds up all behind it): they are confirmed as the latest
+        decode heard them, rather than lost with their audio."""
+        words = [*self.agreement.in_buffer, *self.agreement.tail]
+        ends = [word.end for word in words if word.end >= at_least]
+        cut = min(ends) if ends else at_least
+        confirmed = self.agreement.confirm_before(cut)
+        self._trim_at(cut)
+        return confirmed
+
+    def _trim_at(self, seconds: float) -> None:
+        cut = min(max(int(round((seconds - self.offset) * SAMPLE_RATE)), 0), len(self.audio))
+        self.audio = self.audio[cut:]
+        self.offset += cut / SAMPLE_RATE
+        self.agreement.forget_before(self.offset)
+
+    def _take_in(self, num_samples: int) -> None:
+        arrived = np.concatenate(self.arrived) if self.arrived else np.zeros(0, dtype=np.float32)
+        self.audio = np.concatenate([self.audio, arrived[:num_samples]])
+        rest = arrived[num_samples:]
+        self.arrived = [rest] if len(rest) else []
+
+    def _prompt(self) -> str | None:
+        """The confirmed text before the buffer, its last PROMPT_CHARS characters."""
+        before = [word.word for word in self.confirmed if word.end <= self.offset]
+        text = "".join(before).strip()[-PROMPT_CHARS:]
+        return text or None
+
+
+def _shifted(word: Word, seconds: float) -> Word:
+    return replace(word, start=round_time(word.start + seconds), end=round_time(word.end + seconds))

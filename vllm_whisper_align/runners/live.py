@@ -1,0 +1,301 @@
+"""Live streams: audio arriving a little at a time, turned into confirmed, timed words as it comes
+(``live.buffer``'s policy), on the server's engines (:class:`LiveStreams`) or in-process on an offline
+engine (:func:`stream_in_process`, the CLI's).
+
+On the server, every open stream's decodes run in rounds: a round starts once some stream has
+``STEP_S`` of new audio (or has ended), and takes every stream with at least ``MIN_STEP_S`` of new
+audio, their decodes merged into one engine batch (``driver.together``). A client sending faster than
+real time gets a round after another, as fast as the engines answer. Each stream's failure is its own
+(``driver.settled``). A stream closed mid-round is dropped at once; the round's captures are fetched or
+discarded with the round, so nothing of it stays in the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.errors import InputError
+from vllm_whisper_align.live.buffer import MIN_STEP_S, Decode, RollingBuffer, Update
+from vllm_whisper_align.log import get_logger
+from vllm_whisper_align.options import TranscriptionOptions
+from vllm_whisper_align.runners import driver
+
+logger = get_logger(__name__)
+
+
+# ---------------------------------------------------------------------------- what a stream is told
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """Words confirmed now (stream times), and the unconfirmed rest of the latest decode."""
+
+    words: list[Word]
+    partial: list[Word]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The audio has ended and every word of it is confirmed: all of them."""
+
+    words: list[Word]
+
+    @property
+    def text(self) -> str:
+        return "".join(word.word for word in self.words).strip()
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A decode failed; the audio so far is dropped and the stream starts again from what comes next."""
+
+    error: Exception
+
+
+LiveEvent = Confirmed | Finished | Failed
+
+
+@dataclass
+class LiveStream:
+    """One open stream: its rolling buffer, how it is decoded, and its events for the client."""
+
+    id: str
+    language: str | None = None
+    prompt: str | None = None
+    options: TranscriptionOptions = field(default_factory=TranscriptionOptions)
+    buffer: RollingBuffer = field(default_factory=RollingBuffer)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # A decode of this stream is in a round now.
+    busy: bool = False
+
+    def decode_work(self, decode: Decode, facts: driver.EngineFacts) -> driver.Driver:
+        return decode_work(decode, facts, self.language, self.prompt, self.options)
+
+
+def decode_work(
+    decode: Decode,
+    facts: driver.EngineFacts,
+    language: str | None,
+    prompt: str | None,
+    options: TranscriptionOptions,
+) -> driver.Driver:
+    """One decode of a stream's buffer, with word timings; the confirmed text before it (or the
+    stream's own prompt) as the prompt; at the first temperature of the schedule only. The fallback's
+    retries at higher temperatures are left out: LocalAgreement already waits for two decodes to agree,
+    a sampled retry's text agrees with little, and a short buffer that fails the thresholds would be
+    decoded at every temperature, six decodes in one stream's turn (24 s of one in a trial)."""
+    plan = yield from driver.transcription_plan(
+        decode.samples, facts, language=language, prompt=decode.prompt or prompt, options=options
+    )
+    plan.fallback = replace(plan.fallback, temperatures=plan.fallback.temperatures[:1])
+    return (yield from driver.run_plan(plan, facts.tokens))
+
+
+# ---------------------------------------------------------------------------- on the server
+
+
+class LiveStreams:
+    """The server's open streams, decoded in rounds on ``service``'s engines."""
+
+    def __init__(self, service: Any):
+        self.service = service
+        self.streams: dict[str, LiveStream] = {}
+        self._wake = asyncio.Event()
+        self._rounds: asyncio.Task | None = None
+        self._round_numbers = itertools.count()
+
+    def open(self, stream_id: str, **settings: Any) -> LiveStream:
+        stream = LiveStream(stream_id, **settings)
+        self.streams[stream_id] = stream
+        if self._rounds is None or self._rounds.done():
+            self._rounds = asyncio.create_task(self._run_rounds())
+        return stream
+
+    def append(self, stream: LiveStream, samples: np.ndarray) -> None:
+        stream.buffer.append(samples)
+        self._wake.set()
+
+    def end(self, stream: LiveStream) -> None:
+        """The stream's audio has ended: the rest is decoded and confirmed, then :class:`Finished`."""
+        stream.buffer.end()
+        self._settle(stream)
+        self._wake.set()
+
+    def close(self, stream: LiveStream) -> None:
+        """The client has gone: its buffer goes now (a decode of it in a round is dropped there)."""
+        self.streams.pop(stream.id, None)
+
+    def stats(self) -> dict[str, int]:
+        streams = list(self.streams.values())
+        buffered = sum(len(s.buffer.audio) + int(s.buffer.new_seconds * SAMPLE_RATE) for s in streams)
+        return {"live_streams": len(streams), "live_buffered_samples": buffered}
+
+    # ---- rounds
+
+    def _due(self) -> list[LiveStream]:
+        """The streams of the next round: none until one has a decode due; then all with enough new
+        audio to hear more than their last decode."""
+        idle = [s for s in self.streams.values() if not s.busy]
+        if not any(s.buffer.wants_decode() for s in idle):
+            return []
+        return [s for s in idle if s.buffer.wants_decode(MIN_STEP_S)]
+
+    async def _run_rounds(self) -> None:
+        while True:
+            due = self._due()
+            if not due:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._round(due)
+
+    async def _round(self, streams: list[LiveStream]) -> None:
+        decodes = [stream.buffer.next_decode() for stream in streams]
+        facts = self.service.facts
+        work = driver.together(
+            [driver.settled(s.decode_work(d, facts)) for s, d in zip(streams, decodes, strict=True)]
+        )
+        for stream in streams:
+            stream.busy = True
+        try:
+            async with self.service.request_in_flight():
+                answers = await self.service.run(work, f"live-{next(self._round_numbers)}")
+        except Exception as error:  # the engines failed the round: every stream in it is told
+            logger.exception("whisper-align: a live round failed")
+            answers = [(None, error)] * len(streams)
+        finally:
+            for stream in streams:
+                stream.busy = False
+        for stream, decode, (transcript, error) in zip(streams, decodes, answers, strict=True):
+            if stream.id not in self.streams:
+                continue  # closed while its decode ran
+            if error is not None:
+                self._fail(stream, error)
+                continue
+            stream.language = stream.language or transcript.language
+            update = stream.buffer.take(decode, transcript.words or [])
+            stream.events.put_nowait(Confirmed(update.confirmed, update.partial))
+            self._settle(stream)
+
+    def _settle(self, stream: LiveStream) -> None:
+        """An ended stream whose audio is all decoded: the rest confirmed, :class:`Finished`, and a new
+        buffer for what may come next."""
+        buffer = stream.buffer
+        if stream.busy or not buffer.ended or buffer.arrived:
+            return
+        update = buffer.finish()
+        if update.confirmed:
+            stream.events.put_nowait(Confirmed(update.confirmed, []))
+        stream.events.put_nowait(Finished(list(buffer.confirmed)))
+        stream.buffer = buffer.following()
+
+    def _fail(self, stream: LiveStream, error: Exception) -> None:
+        if not isinstance(error, InputError):
+            logger.error("whisper-align: a live decode of %s failed: %s", stream.id, error)
+        stream.events.put_nowait(Failed(error))
+        stream.buffer = stream.buffer.following()
+
+
+# ---------------------------------------------------------------------------- in-process
+
+
+def stream_in_process(
+    aligner: Any,
+    chunks: Iterable[np.ndarray],
+    on_update: Callable[[Update], None],
+    *,
+    language: str | None = None,
+    prompt: str | None = None,
+    options: TranscriptionOptions | None = None,
+) -> list[Word]:
+    """A stream on an offline engine (``runners.offline.WhisperAligner``): ``chunks`` as they come
+    (read in a thread: a file played at real time, or a pipe), decoded whenever a decode is due, each
+    decode's update handed to ``on_update``; returns every confirmed word."""
+    options = options or TranscriptionOptions()
+    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue()
+    reader = _start_reading(chunks, arrived)
+    buffer = RollingBuffer()
+    while not buffer.ended or buffer.arrived:
+        _receive(buffer, arrived, block=not buffer.wants_decode())
+        if not buffer.wants_decode():
+            continue
+        decode = buffer.next_decode()
+        transcript = aligner.run(decode_work(decode, aligner.facts, language, prompt, options))
+        language = language or transcript.language
+        on_update(buffer.take(decode, transcript.words or []))
+    on_update(buffer.finish())
+    reader.join()
+    return buffer.confirmed
+
+
+def _start_reading(chunks: Iterable[np.ndarray], arrived: queue.Queue) -> Any:
+    import threading
+
+    def read() -> None:
+        try:
+            for chunk in chunks:
+                arrived.put(chunk)
+        except Exception as error:  # the source failed: raised where the chunks are taken
+            arrived.put(error)
+        finally:
+            arrived.put(None)
+
+    reader = threading.Thread(target=read, name="live-audio", daemon=True)
+    reader.start()
+    return reader
+
+
+def _receive(buffer: RollingBuffer, arrived: queue.Queue, block: bool) -> None:
+    """What has arrived into ``buffer`` (waiting for something first if ``block``); None ends it."""
+    while True:
+        try:
+            chunk = arrived.get(block=block)
+        except queue.Empty:
+            return
+        block = False
+        if isinstance(chunk, Exception):
+            raise chunk
+        if chunk is None:
+            buffer.end()
+            return
+        buffer.append(chunk)
+
+
+# A file played, or a pipe read, in chunks of this long.
+CHUNK_S = 0.1
+
+
+def played(samples: np.ndarray, speed: float = 1.0, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
+    """``samples`` in chunks of ``chunk_s``, each as its time comes (at ``speed`` times real time; 0: all
+    at once)."""
+    step = int(chunk_s * SAMPLE_RATE)
+    started = time.monotonic()
+    for start in range(0, len(samples), step):
+        if speed > 0:
+            due = started + (start + step) / SAMPLE_RATE / speed
+            time.sleep(max(0.0, due - time.monotonic()))
+        yield samples[start : start + step]
+
+
+def stdin_chunks(pipe: Any, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
+    """Raw PCM16 (16 kHz, mono, little-endian) from ``pipe`` as float chunks, each as it comes; an odd
+    number of bytes in all is an InputError (not PCM16), once the pipe ends."""
+    size = 2 * int(chunk_s * SAMPLE_RATE)
+    rest = b""
+    while data := pipe.read1(size) if hasattr(pipe, "read1") else pipe.read(size):
+        data = rest + data
+        whole = len(data) - len(data) % 2
+        rest = data[whole:]
+        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+    if rest:
+        raise InputError("stdin is not PCM16: an odd number of bytes")
