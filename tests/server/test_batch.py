@@ -560,9 +560,10 @@ def test_a_killed_driver_leaves_nothing_running_and_writes_nothing_after(corpus,
         with contextlib.suppress(psutil.Error):
             process.kill()
     modes = {path.name: oct(path.stat().st_mode & 0o777) for path in out.iterdir()}
+    stderr = driver.stderr.read()[-2000:]  # the CLI's and the reaper's (a traceback, if it failed)
     problems = [
         f"written after the kill (s after it): {written}" if written else "",
-        f"alive 15 s after the kill: {describe(left)}" if left else "",
+        f"alive 15 s after the kill: {describe(left)}; stderr: {stderr}" if left else "",
         f"modes under umask 027: {modes}" if set(modes.values()) != {oct(0o640)} else "",
     ]
     assert not any(problems), "; ".join(filter(None, problems))

@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 # Inherited by every process a job starts: the reaper kills those that carry the job's value.
 JOB_MARK_ENV = "VLLM_WHISPER_ALIGN_BATCH_JOB"
@@ -143,7 +144,7 @@ def _start_reaper(mark: str) -> subprocess.Popen:
 
 def reap(mark: str, driver_pid: int) -> None:
     """The reaper: looks at the driver's descendants until the driver's end of the pipe closes, then kills
-    them and every process that carries ``mark``."""
+    those it saw (still running) and every process that carries ``mark``."""
     import psutil
 
     me = psutil.Process()
@@ -151,10 +152,11 @@ def reap(mark: str, driver_pid: int) -> None:
         driver = psutil.Process(driver_pid)
     except psutil.NoSuchProcess:
         driver = None
-    descendants: list = []
+    seen: dict[int, Any] = {}  # every look adds: one that races the driver's end cannot lose what was seen
     while driver is not None and not _closed(sys.stdin.fileno(), REAPER_LOOK_S):
-        descendants = _started_after(me, _descendants(driver))
-    kill_all(lambda: [process for process in descendants if process.is_running()] + marked_processes(mark))
+        seen = {pid: process for pid, process in seen.items() if process.is_running()}
+        seen.update((process.pid, process) for process in _job_descendants(me, driver))
+    kill_all(lambda: [process for process in seen.values() if process.is_running()] + marked_processes(mark))
 
 
 def _closed(fd: int, timeout_s: float) -> bool:
@@ -163,28 +165,23 @@ def _closed(fd: int, timeout_s: float) -> bool:
     return bool(readable) and not os.read(fd, 4096)
 
 
-def _descendants(process) -> list:
+def _job_descendants(me, driver) -> list:
+    """The driver's descendants started after ``me`` (the reaper starts before anything of the job)."""
     import psutil
 
     try:
-        return process.children(recursive=True)
+        descendants = driver.children(recursive=True)
+        started = me.create_time()
     except psutil.Error:
         return []
-
-
-def _started_after(me, processes: list) -> list:
-    """Those of ``processes`` started after ``me`` (the reaper starts before anything of the job)."""
-    import psutil
-
-    started = me.create_time()
-    after = []
-    for process in processes:
+    found = []
+    for process in descendants:
         try:
             if process.pid != me.pid and process.create_time() >= started:
-                after.append(process)
+                found.append(process)
         except psutil.Error:
             pass
-    return after
+    return found
 
 
 def marked_processes(mark: str) -> list:
