@@ -7,7 +7,7 @@ minute, and a replica's worker with its engine goes on until it notices its rayl
 - the driver (:func:`reaped_with_this_process`) starts a reaper: a process of its own session (spared by a
   kill of the driver's process group) that reads a pipe from the driver and looks at the driver's
   descendants every REAPER_LOOK_S. The pipe closes when the driver ends, however it ends; the reaper then
-  kills the descendants of its last look (re-parented by then) and every process that carries the job's
+  kills every descendant it saw that still runs (re-parented by then) and every process that carries the job's
   mark, and exits. The mark (``JOB_MARK_ENV``, set in the driver's environment before Ray starts, so every
   process of the job inherits it) covers what started since the last look; it cannot be all, as a process
   that sets its title (Ray's agents) may no longer show its environment;
