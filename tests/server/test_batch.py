@@ -4,6 +4,7 @@ on a real local Ray with real engines, killed halfway and run again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -139,6 +140,31 @@ def test_done_ids_count_whole_result_files_only(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "other.json", "summary.jsonl"]
 
 
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600)])
+def test_result_files_follow_the_umask(tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        job.write_atomically(tmp_path / "a.json", "{}")
+        with job.Summary(tmp_path, "r0") as summary:
+            summary.append({"id": "a", "status": "ok"})
+    finally:
+        os.umask(previous)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
+        "a.json": oct(mode),
+        "summary.jsonl": oct(mode),
+    }
+
+
+def test_a_write_the_job_no_longer_wants_leaves_nothing(tmp_path):
+    """Asked before the temporary file is made and before the rename: a no at either step, no file."""
+    answers = iter([True, False])
+    assert not job.write_atomically(tmp_path / "a.json", "{}", lambda: next(answers))
+    assert not job.write_atomically(tmp_path / "b.json", "{}", lambda: False)
+    assert list(tmp_path.iterdir()) == []
+    assert job.write_atomically(tmp_path / "c.json", "{}", lambda: True)
+    assert [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
 def test_summary_appends_after_a_cut_line_and_recovers_done_ids(tmp_path):
     result = {"duration": 2.5, "words": [{}, {}], "language": "en"}
     job.write_atomically(tmp_path / "a.json", json.dumps(result))
@@ -241,33 +267,91 @@ def test_audio_from_a_uri(tmp_path):
         job.read_audio((tmp_path / "no.wav").as_uri())
 
 
-# A process that watches its parent (batch.on_ray.exit_with_parent), with a child of its own; prints both
-# pids, then waits.
-ORPHAN_SCRIPT = """
-import subprocess, sys, time
-from vllm_whisper_align.batch.on_ray import exit_with_parent
-exit_with_parent(0.1)
+# A replica's process in miniature (batch.lifetime.Lifeline), given the driver's pid, with a child of its
+# own; prints both pids, then waits. Run by a "raylet", run by a "driver".
+WATCHER_SCRIPT = """
+import os, subprocess, sys, time
+from vllm_whisper_align.batch.lifetime import Driver, Lifeline
+Lifeline(Driver.of(int(sys.argv[1])), 0.1)
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-print(f"{__import__('os').getpid()} {child.pid}", flush=True)
+print(f"{os.getpid()} {child.pid}", flush=True)
 time.sleep(600)
+"""
+RAYLET_SCRIPT = (
+    f"import subprocess, sys; subprocess.run([sys.executable, '-c', {WATCHER_SCRIPT!r}, sys.argv[1]])"
+)
+DRIVER_SCRIPT = (
+    f"import os, subprocess, sys; subprocess.run([sys.executable, '-c', {RAYLET_SCRIPT!r}, str(os.getpid())])"
+)
+
+
+@pytest.mark.parametrize("killed", ["driver", "parent"])
+def test_a_replica_exits_with_its_driver_or_its_parent_and_takes_its_children(killed):
+    """The driver killed (SIGKILL: nothing runs there) while the replica's parent lives on, or its parent
+    killed: the replica kills its own child and exits."""
+    import psutil
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER_SCRIPT], stdout=subprocess.PIPE, text=True)
+    watcher_pid, child_pid = (int(pid) for pid in driver.stdout.readline().split())
+    watcher, child = psutil.Process(watcher_pid), psutil.Process(child_pid)
+    parent = watcher.parent()
+    assert watcher.is_running() and child.is_running() and parent.parent().pid == driver.pid
+    if killed == "driver":
+        driver.kill()
+    else:
+        parent.kill()
+    gone, alive = psutil.wait_procs([watcher, child], timeout=30)
+    for process in [*alive, parent]:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    driver.kill()
+    driver.wait()
+    assert not alive, f"still running after their {killed} was killed: {alive}"
+
+
+# A driver with a process of the job that the reaper must find: one started by a child that exits, in a
+# session of its own (out of the driver's process group and tree, found by its mark), or one started
+# with an empty environment (no mark, as a process that sets its title shows none: found in the tree).
+# Prints that process's pid.
+JOB_PROCESS = {
+    "escaped": """
+import subprocess, sys
+escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+print(escaped.pid, flush=True)
+""",
+    "unmarked": """
+import subprocess, sys
+unmarked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env={})
+print(unmarked.pid, flush=True)
+unmarked.wait()
+""",
+}
+REAPED_DRIVER = """
+import subprocess, sys, time
+from vllm_whisper_align.batch.lifetime import reaped_with_this_process
+with reaped_with_this_process():
+    subprocess.Popen([sys.executable, "-c", sys.argv[1]])
+    time.sleep(600)
 """
 
 
-def test_a_replica_worker_exits_with_its_parent_and_takes_its_children():
-    """Its parent killed (SIGKILL: nothing runs there), the watcher kills its own child and exits."""
+@pytest.mark.parametrize("kind", sorted(JOB_PROCESS))
+def test_a_reaper_kills_what_the_job_started_when_its_driver_is_killed(kind):
     import psutil
 
-    run_watcher = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {ORPHAN_SCRIPT!r}])"
-    parent = subprocess.Popen([sys.executable, "-c", run_watcher], stdout=subprocess.PIPE, text=True)
-    watcher_pid, child_pid = (int(pid) for pid in parent.stdout.readline().split())
-    watcher, child = psutil.Process(watcher_pid), psutil.Process(child_pid)
-    assert watcher.is_running() and child.is_running()
-    parent.kill()
-    parent.wait()
-    gone, alive = psutil.wait_procs([watcher, child], timeout=30)
+    from vllm_whisper_align.batch.lifetime import REAPER_LOOK_S
+
+    command = [sys.executable, "-c", REAPED_DRIVER, JOB_PROCESS[kind]]
+    driver = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    job_process = psutil.Process(int(driver.stdout.readline()))
+    time.sleep(2 * REAPER_LOOK_S)  # the reaper has looked at the driver's descendants
+    assert job_process.is_running()
+    driver.kill()
+    driver.wait()
+    gone, alive = psutil.wait_procs([job_process], timeout=15)
     for process in alive:
         process.kill()
-    assert not alive, f"still running after their parent was killed: {alive}"
+    assert not alive, f"a process of the job ({kind}) outlived its killed driver"
 
 
 # ---- end to end: real Ray, real engines --------------------------------------------------------
@@ -286,15 +370,16 @@ def start_cli(*args: str, mark: str, **popen) -> subprocess.Popen:
     )
 
 
-def marked_processes(mark: str) -> list:
+def marked_processes(mark: str, session: int | None = None) -> list:
+    """The run's processes: those with its mark, and those of the CLI's ``session``."""
     import psutil
 
     found = []
     for process in psutil.process_iter():
         try:
-            if process.environ().get(MARK) == mark:
+            if process.environ().get(MARK) == mark or (session and os.getsid(process.pid) == session):
                 found.append(process)
-        except psutil.Error:
+        except (psutil.Error, OSError):
             pass
     return found
 
@@ -336,7 +421,8 @@ def test_corpus_job_end_to_end(corpus, tmp_path):
     )
     out = tmp_path / "out"
     mark = uuid.uuid4().hex
-    process = start_cli("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "2", mark=mark)
+    args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "2")
+    process = start_cli(*args, mark=mark, umask=0o022)
     stdout, stderr = process.communicate(timeout=600)
     assert process.returncode == 1, stderr[-3000:]  # one item failed; the job went on
     assert stdout == ""
@@ -354,6 +440,7 @@ def test_corpus_job_end_to_end(corpus, tmp_path):
         "plain.json",
         "summary.jsonl",
     ]
+    assert {oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {oct(0o644)}  # umask 022
     rows = {row["id"]: row for row in job.read_summary(out / "summary.jsonl")}
     assert {i: r["status"] for i, r in rows.items()} == {
         "plain": "ok",
@@ -408,3 +495,75 @@ def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
     assert sorted(ok_rows) == sorted(ids), rows  # one ok row per id: read back for a row the kill cut
     for n, item_id in enumerate(ids):
         assert_words_match(json.loads((out / f"{item_id}.json").read_text()), clips[(1, 4)[n % 2]])
+
+
+def directory_state(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Every name in ``folder`` (temporary files too), with its inode, mtime and size."""
+    return {
+        entry.name: (entry.inode(), entry.stat().st_mtime_ns, entry.stat().st_size)
+        for entry in os.scandir(folder)
+    }
+
+
+def writes_during(folder: Path, before: dict, seconds: float) -> dict[str, float]:
+    """Names that appear or change in ``folder`` within ``seconds``, with when (one that goes is no write)."""
+    started, written = time.monotonic(), {}
+    while (now := time.monotonic()) - started < seconds:
+        with contextlib.suppress(FileNotFoundError):  # a temporary file renamed while looked at
+            for name, state in directory_state(folder).items():
+                if before.get(name) != state:
+                    written.setdefault(name, round(now - started, 2))
+        time.sleep(0.02)
+    return written
+
+
+def describe(processes: list) -> list[str]:
+    import psutil
+
+    names = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            names.append(f"{process.pid} {process.name()}")
+    return names
+
+
+def test_a_killed_driver_leaves_nothing_running_and_writes_nothing_after(corpus, tmp_path):
+    """SIGKILL the driver alone (not its process group) once the first result is there: from then on no
+    file appears or changes in the output folder, and 15 s later no process of the job is left (Ray's
+    gcs_server, raylet, agents and workers, the engine). Run under umask 027: results are 0640, as the
+    summary is."""
+    import psutil
+
+    folder, _ = corpus
+    sources = ["clip1.wav", "clip4.wav"]
+    entries = [{"id": f"item{n}", "audio": sources[n % 2]} for n in range(16)]
+    manifest = write_manifest(folder / "kill.jsonl", entries)
+    out, mark = tmp_path / "out", uuid.uuid4().hex
+    args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "1")
+    driver = start_cli(*args, mark=mark, umask=0o027)
+    deadline = time.monotonic() + 600
+    while not list(out.glob("item*.json")):
+        assert driver.poll() is None, driver.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no result within 10 minutes"
+        time.sleep(0.05)
+    running = " ".join(describe(marked_processes(mark, driver.pid)))
+    for name in ("gcs_server", "raylet", "DashboardAgent", "RuntimeEnvAgent", "ray::MapWorker", "EngineCore"):
+        assert name in running, f"{name} not seen among the job's processes: {running}"
+    before = directory_state(out)
+    os.kill(driver.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    driver.wait()  # reaped, as a shell would (its pipes stay open while anything of the job holds them)
+    written = writes_during(out, before, 5.0)
+    time.sleep(max(0.0, killed + 15 - time.monotonic()))
+    left = marked_processes(mark, driver.pid)
+    for process in left:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    modes = {path.name: oct(path.stat().st_mode & 0o777) for path in out.iterdir()}
+    stderr = driver.stderr.read()[-2000:]  # the CLI's and the reaper's (a traceback, if it failed)
+    problems = [
+        f"written after the kill (s after it): {written}" if written else "",
+        f"alive 15 s after the kill: {describe(left)}; stderr: {stderr}" if left else "",
+        f"modes under umask 027: {modes}" if set(modes.values()) != {oct(0o640)} else "",
+    ]
+    assert not any(problems), "; ".join(filter(None, problems))

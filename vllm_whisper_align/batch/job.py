@@ -10,7 +10,9 @@
   never touches their files;
 - ``DIR/summary.jsonl`` is a log, appended to: one row per item a run processed (``ok`` or ``error``,
   with the error), tagged with the run. An id's status is its last row. A failed item has no
-  ``<id>.json``, so the next run tries it again.
+  ``<id>.json``, so the next run tries it again;
+- every file is created as ``open`` creates it (0666 less the umask), and once the job's driver is gone
+  nothing more is written (``batch.lifetime``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import asyncio
 import json
 import os
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -166,20 +167,27 @@ def remove_stale_temporaries(output_dir: Path) -> int:
     return removed
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, may_write: Callable[[], bool] = lambda: True) -> bool:
     """``text`` to ``path`` through a temporary file in the same folder and a rename: whoever looks
-    (a rerun, a reader) sees the whole file or none."""
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX, delete=False
-    ) as temporary:
-        try:
-            temporary.write(text)
-            temporary.flush()
-            os.fsync(temporary.fileno())
-        except BaseException:
-            os.unlink(temporary.name)
-            raise
-    os.replace(temporary.name, path)
+    (a rerun, a reader) sees the whole file or none. The file's mode is what ``open`` gives (0666 less the
+    umask). ``may_write`` is asked before the temporary file is made and again before the rename; when it
+    says no, nothing is left behind and False is returned."""
+    if not may_write():
+        return False
+    temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
+    try:
+        with open(temporary, "x") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        if not may_write():
+            os.unlink(temporary)
+            return False
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return True
 
 
 # ---- reading audio -----------------------------------------------------------------------------
@@ -225,7 +233,9 @@ class JobOptions:
     alignment_method: str | None = None
 
 
-async def process_batch(service, items: Sequence[Item], options: JobOptions) -> list[dict[str, Any]]:
+async def process_batch(
+    service, items: Sequence[Item], options: JobOptions, may_write: Callable[[], bool] = lambda: True
+) -> list[dict[str, Any]]:
     """Transcribe or align ``items`` on ``service`` and write each result; one row per item, in order.
 
     ``service`` is the server's ``AlignmentService`` over the replica's engine. Every item is its own
@@ -233,13 +243,20 @@ async def process_batch(service, items: Sequence[Item], options: JobOptions) -> 
     flight on the engine, so the engine stays full from one batch to the next. A failure of one item (a
     missing or undecodable file, text that cannot be aligned) becomes its error row: nothing raises out
     of here. An item whose result file already exists (a batch Ray runs again) is not redone: its row
-    says ``skipped``.
+    says ``skipped``. ``may_write`` is asked before each step of writing a result (a replica's: whether
+    its job is still there); a result it refuses is the item's error row.
     """
     output_dir = Path(options.output_dir)
-    return list(await asyncio.gather(*[_process_item(service, item, options, output_dir) for item in items]))
+    return list(
+        await asyncio.gather(
+            *[_process_item(service, item, options, output_dir, may_write) for item in items]
+        )
+    )
 
 
-async def _process_item(service, item: Item, options: JobOptions, output_dir: Path) -> dict[str, Any]:
+async def _process_item(
+    service, item: Item, options: JobOptions, output_dir: Path, may_write: Callable[[], bool]
+) -> dict[str, Any]:
     if result_path(output_dir, item.id).exists():
         return {"id": item.id, "status": STATUS_SKIPPED, "error": None}
     language = item.language or options.language
@@ -262,7 +279,7 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
                 language=language,
                 options=TranscriptionOptions(alignment_method=method),
             )
-        await asyncio.to_thread(_write_result, output_dir, item, result)
+        await asyncio.to_thread(_write_result, output_dir, item, result, may_write)
     except Exception as error:  # any reader's or the engine's error: the item fails, the batch goes on
         return error_row(item, error)
     return {
@@ -275,10 +292,13 @@ async def _process_item(service, item: Item, options: JobOptions, output_dir: Pa
     }
 
 
-def _write_result(output_dir: Path, item: Item, result: Transcript) -> None:
+def _write_result(output_dir: Path, item: Item, result: Transcript, may_write: Callable[[], bool]) -> None:
     from vllm_whisper_align.formats.responses import write_result
 
-    write_atomically(result_path(output_dir, item.id), write_result(result, "verbose_json"))
+    if not write_atomically(
+        result_path(output_dir, item.id), write_result(result, "verbose_json"), may_write
+    ):
+        raise RuntimeError("not written: the job it was for is no longer there")
 
 
 def error_row(item: Item, error: BaseException) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from vllm_whisper_align.batch.job import (
     recover_rows,
     remove_stale_temporaries,
 )
+from vllm_whisper_align.batch.lifetime import Driver, Lifeline, reaped_with_this_process
 
 INSTALL_HINT = "the batch command needs Ray Data: pip install 'vllm-whisper-align[batch]'"
 # Columns of a replica's output (and of the summary, which adds run and time).
@@ -42,8 +43,6 @@ BATCHES_IN_FLIGHT = 2
 # A replica's engine starts in about a minute on a small CPU machine, longer for a big model on a
 # loaded node: Ray Data's default wait for its actors is too short for that.
 REPLICA_START_TIMEOUT_S = 3600
-# How often a replica's worker looks whether its parent is still there (exit_with_parent).
-ORPHAN_POLL_S = 1.0
 
 
 def require_ray() -> None:
@@ -63,8 +62,8 @@ class Replica:
     (at 64 items a batch, 15-21% behind the offline API on the same manifest).
     """
 
-    def __init__(self, model: str | None, engine_args: dict[str, Any], options: JobOptions):
-        exit_with_parent()
+    def __init__(self, model: str | None, engine_args: dict[str, Any], options: JobOptions, driver: Driver):
+        self.lifeline = Lifeline(driver)  # first: a job that ends while the engine starts takes it along
         _normal_priority()
         self.options = options
         self.engine = ServingEngine(model, engine_args)
@@ -74,7 +73,7 @@ class Replica:
         import pyarrow as pa
 
         items = [Item(**row) for row in batch.to_pylist()]
-        rows = self.engine.run(process_batch(self.engine.service, items, self.options))
+        rows = self.engine.run(process_batch(self.engine.service, items, self.options, self.lifeline.holds))
         columns = {name: [row.get(name) for row in rows] for name in ROW_COLUMNS}
         columns["_ready_at"] = [self.ready_at] * len(rows)
         return pa.table(columns, schema=_row_schema())
@@ -83,36 +82,6 @@ class Replica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close()
-
-
-def exit_with_parent(poll_s: float = ORPHAN_POLL_S) -> threading.Thread:
-    """Starts a daemon thread that, once this process's parent is gone (it was re-parented), kills this
-    process's children (an engine's processes) and then the process itself.
-
-    A job killed with SIGKILL takes its local Ray with it (one process group), and Ray's workers
-    normally go too; in one run of the killed-job test in several, a replica's worker and its engine
-    were still there two minutes later (tests/test_batch.py)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        _kill_children()
-        os._exit(1)
-
-    thread = threading.Thread(target=watch, name="exit-with-parent", daemon=True)
-    thread.start()
-    return thread
-
-
-def _kill_children() -> None:
-    import psutil
-
-    for child in psutil.Process().children(recursive=True):
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
 
 
 class ServingEngine:
@@ -250,36 +219,47 @@ def run_job(
             report.finished_at = time.time()
             return report
         progress = Progress(len(todo), len(done))
-        ray = _start_ray(ray_address, verbose)
-        report.ray_ready_at = time.time()
-        try:
-            dataset = ray.data.from_items([item.as_row() for item in todo]).map_batches(
-                Replica,
-                fn_constructor_kwargs={"model": model, "engine_args": engine_args or {}, "options": options},
-                batch_size=batch_size,
-                batch_format="pyarrow",
-                compute=ray.data.ActorPoolStrategy(
-                    size=replicas,
-                    max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT,
-                    enable_true_multi_threading=True,  # the threads only wait: the engine's loop works
-                ),
-                num_cpus=cpus_per_replica,
-                num_gpus=gpus_per_replica or None,
-            )
-            for row in dataset.iter_rows():
-                ready = row.pop("_ready_at")
-                report.replica_ready_at = min(report.replica_ready_at or ready, ready)
-                if row["status"] not in (STATUS_OK, STATUS_ERROR):
-                    continue  # done by an earlier attempt of this batch
-                summary.append(row)
-                progress.add(row)
-                report.last_row_at = time.time()
-        finally:
-            ray.shutdown()  # stops a local Ray; from a cluster, only disconnects
+        with reaped_with_this_process():  # however this process ends, nothing the job started outlives it
+            ray = _start_ray(ray_address, verbose)
+            report.ray_ready_at = time.time()
+            replica = {"model": model, "engine_args": engine_args or {}, "options": options}
+            try:
+                dataset = _replicas(
+                    ray, todo, replica, replicas, cpus_per_replica, gpus_per_replica, batch_size
+                )
+                for row in dataset.iter_rows():
+                    ready = row.pop("_ready_at")
+                    report.replica_ready_at = min(report.replica_ready_at or ready, ready)
+                    if row["status"] not in (STATUS_OK, STATUS_ERROR):
+                        continue  # done by an earlier attempt of this batch
+                    summary.append(row)
+                    progress.add(row)
+                    report.last_row_at = time.time()
+            finally:
+                ray.shutdown()  # stops a local Ray; from a cluster, only disconnects
         progress.show()
     report.ok, report.errors, report.audio_seconds = progress.ok, progress.errors, progress.audio_seconds
     report.finished_at = time.time()
     return report
+
+
+def _replicas(
+    ray, todo: Sequence[Item], replica: dict[str, Any], size: int, cpus: float, gpus: float, batch_size: int
+):
+    """The dataset of every item's row, from a pool of ``size`` replicas working for this process."""
+    return ray.data.from_items([item.as_row() for item in todo]).map_batches(
+        Replica,
+        fn_constructor_kwargs={**replica, "driver": Driver.of(os.getpid())},
+        batch_size=batch_size,
+        batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(
+            size=size,
+            max_concurrent_calls_per_actor=BATCHES_IN_FLIGHT,
+            enable_true_multi_threading=True,  # the threads only wait: the engine's loop works
+        ),
+        num_cpus=cpus,
+        num_gpus=gpus or None,
+    )
 
 
 def _start_ray(address: str | None, verbose: bool):
