@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.servers import running_server, wav_bytes  # noqa: E402
-from tests.support.speech import concatenate_clips, sentence_clips, start_errors  # noqa: E402
+from tests.support.speech import concatenate_clips, sentence_clips, start_errors, word_errors  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out" / "streaming.json"
@@ -56,16 +56,6 @@ REAL_RECORDINGS = 3
 
 def plain(word: str) -> str:
     return word.strip(" .,!?;:\"'").lower()
-
-
-def word_errors(reference: list[str], heard: list[str]) -> int:
-    """Substitutions, deletions and insertions turning ``reference`` into ``heard``."""
-    row = list(range(len(heard) + 1))
-    for i, ref in enumerate(reference, 1):
-        previous, row[0] = row[0], i
-        for j, word in enumerate(heard, 1):
-            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref != word))
-    return row[-1]
 
 
 async def stream(url: str, samples: np.ndarray) -> list[dict]:

@@ -99,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--speed", type=float, default=1.0, help="times real time a file is played at (default 1; 0: at once)"
     )
     stream.add_argument(
-        "--jsonl", action="store_true", help="one JSON object a word (word, start, end, probability)"
+        "--jsonl",
+        action="store_true",
+        help="one JSON object a word (word, start, end, probability, confidence)",
     )
     _add_options(stream.add_argument_group("decoding (openai-whisper's and vLLM's)"), TRANSCRIPTION_OPTIONS)
     stream.add_argument("--verbose", action="store_true", help="vLLM's log (on stderr)")

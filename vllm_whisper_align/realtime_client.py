@@ -49,7 +49,8 @@ def stream_to_server(
     session: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``chunks`` (16 kHz float samples) streamed to ``server``; ``on_word`` gets each confirmed word
-    (``word``, ``start``, ``end``, ``probability``) as it arrives; returns ``transcription.done``.
+    (``word``, ``start``, ``end``, ``probability``, ``confidence``) as it arrives; returns
+    ``transcription.done``.
     ``session``: the ``session.update`` fields (model, language, prompt, options). An ``error`` event
     from the server raises InputError; an unreachable server, OSError."""
     return asyncio.run(_stream(realtime_url(server), chunks, on_word, session or {}))

@@ -19,7 +19,7 @@ import pytest
 import websockets
 
 from tests.support.servers import assert_openai_error, free_port, wav_bytes
-from tests.support.speech import align_words, concatenate_clips, long_clip, sentence_clips
+from tests.support.speech import align_words, concatenate_clips, long_clip, sentence_clips, word_errors
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 MAX_AUDIO_S = 120
@@ -189,6 +189,22 @@ async def stream_live(server: str, samples: np.ndarray, speed: float = 1.0) -> d
     }
 
 
+# A live word carries what a file's word does (its confidence too).
+WORD_FIELDS = {"word", "start", "end", "probability", "confidence"}
+# The streamed words against the offline transcription of the same audio: LocalAgreement confirms
+# each word from decodes of a buffer cut mid-sentence, which hear a word or two otherwise than the
+# whole file does (benchmarks/RESULTS.md#live-word-timestamps-v1realtime); streams that drop, repeat
+# or mix up words are far over this.
+MAX_WORD_ERROR_RATE = 0.2
+# Live starts come from decodes of a cut buffer and are less sharp than a file's (RESULTS); a stream
+# whose times are not the stream's (offset lost, another stream's) has next to none within 0.2 s.
+MIN_STARTS_NEAR = 0.6
+
+
+def assert_close_to_offline(heard: list[str], offline: list[str]) -> None:
+    assert word_errors(offline, heard) <= MAX_WORD_ERROR_RATE * len(offline), (heard, offline)
+
+
 def plain_words(words) -> list[str]:
     return [word["word"].strip(" .,!?;:\"'").lower() for word in words]
 
@@ -214,8 +230,8 @@ def test_realtime_stream_gives_every_word_with_its_times(server):
     events = live["events"]
     assert events[-1]["type"] == "transcription.done", events[-3:]
     words = [event for _, event in live["words"]]
-    assert plain_words(words) == offline
-    assert all(set(word) == {"type", "word", "start", "end", "probability"} for word in words)
+    assert_close_to_offline(plain_words(words), offline)
+    assert all(set(word) == {"type", *WORD_FIELDS} for word in words)
     assert all(
         0 <= w["start"] <= w["end"] <= clip.duration + 0.05 and 0 < w["probability"] <= 1 for w in words
     )
@@ -223,7 +239,10 @@ def test_realtime_stream_gives_every_word_with_its_times(server):
     assert starts == sorted(starts)
     truth = dict(align_words([w.lower() for w in clip.words], plain_words(words)))
     close = [abs(words[j]["start"] - clip.starts[i]) <= 0.2 for i, j in truth.items()]
-    assert len(truth) >= len(clip.words) - 1 and np.mean(close) >= 0.8, (words, clip.starts)
+    assert len(truth) >= (1 - MAX_WORD_ERROR_RATE) * len(clip.words) and np.mean(close) >= MIN_STARTS_NEAR, (
+        words,
+        clip.starts,
+    )
     deltas = "".join(event["delta"] for event in events if event["type"] == "transcription.delta")
     assert deltas == "".join(w["word"] for w in words)
     assert events[-1]["words"] == [{k: v for k, v in w.items() if k != "type"} for w in words]
@@ -335,8 +354,8 @@ def test_cli_streams_a_file_to_a_server_word_by_word(server, tmp_path):
     done = run_stream_cli(str(path), "--server", server, "--speed", "3", "--jsonl")
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     words = [json.loads(line) for line in done.stdout.decode().splitlines()]
-    assert plain_words(words) == offline_words(server, clip)
-    assert all(set(w) == {"word", "start", "end", "probability"} and w["start"] <= w["end"] for w in words)
+    assert_close_to_offline(plain_words(words), offline_words(server, clip))
+    assert all(set(w) == WORD_FIELDS and w["start"] <= w["end"] for w in words)
 
     odd = run_stream_cli("-", "--server", server, stdin=pcm16_bytes(clip.samples[:16000]) + b"\0")
     assert odd.returncode != 0 and "odd number of bytes" in odd.stderr.decode(), odd.stderr.decode()
@@ -352,4 +371,6 @@ def test_cli_streams_stdin_in_process(server):
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     lines = [line.split(maxsplit=2) for line in done.stdout.decode().splitlines()]
     assert all(float(start) <= float(end) for start, end, _ in lines)
-    assert plain_words([{"word": word} for _, _, word in lines]) == offline_words(server, clip)
+    assert_close_to_offline(
+        plain_words([{"word": word} for _, _, word in lines]), offline_words(server, clip)
+    )

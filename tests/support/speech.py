@@ -300,6 +300,16 @@ def _plain(word: str) -> str:
     return word.strip(" .,!?;:\"'").lower()
 
 
+def word_errors(reference: list[str], heard: list[str]) -> int:
+    """Substitutions, deletions and insertions turning ``reference`` into ``heard``."""
+    row = list(range(len(heard) + 1))
+    for i, ref in enumerate(reference, 1):
+        previous, row[0] = row[0], i
+        for j, word in enumerate(heard, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (ref != word))
+    return row[-1]
+
+
 def align_words(spoken: Sequence[str], heard: Sequence[str]) -> list[tuple[int, int]]:
     """Index pairs of equal words on a minimum edit-distance (Levenshtein) path."""
     n, m = len(spoken), len(heard)

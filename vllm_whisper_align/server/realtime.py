@@ -11,12 +11,12 @@ and as extensions ``language``, ``prompt`` and the transcription options of the 
 values), ``input_audio_buffer.append`` (``audio``: base64 PCM16, 16 kHz, mono; decoding starts with the
 first), ``input_audio_buffer.commit`` (``final: true`` ends the audio; without it, nothing to do: the
 audio is decoded as it comes). To the client: ``session.created``; for each confirmed word a
-``transcription.word`` (``word``, ``start``, ``end``, ``probability``: seconds from the stream's start)
-and then their text as one ``transcription.delta`` (the deltas joined are the text); the unconfirmed
-rest of the latest decode as ``transcription.partial`` (``text``: it replaces the previous partial, and
-may still change; vLLM's clients, which know no such event, ignore it); once the audio has ended and
-every word is confirmed, ``transcription.done`` (``text``, and ``words``: all of them). A mistake is an
-``error`` event (``error``, ``code``), and the connection stays open.
+``transcription.word`` (``word``, ``start``, ``end``, ``probability``, ``confidence``: seconds from the
+stream's start) and then their text as one ``transcription.delta`` (the deltas joined are the text); the
+unconfirmed rest of the latest decode as ``transcription.partial`` (``text``: it replaces the previous
+partial, and may still change; vLLM's clients, which know no such event, ignore it); once the audio has
+ended and every word is confirmed, ``transcription.done`` (``text``, and ``words``: all of them). A
+mistake is an ``error`` event (``error``, ``code``), and the connection stays open.
 """
 
 from __future__ import annotations
