@@ -47,6 +47,7 @@ from metrics import normalise  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.speech import align_words  # noqa: E402
+from tests.support.speech import word_errors as edit_count  # noqa: E402
 
 OUT = HERE / "out" / "real_speech"
 AUDIO = OUT / "audio"
@@ -496,20 +497,11 @@ def heard_report(rows: list[dict], truth: dict) -> str:
         cells = []
         for row in rows:
             heard = [plain(w["word"]) for w in row["files"].get(clip_id, {}).get("words") or []]
-            edits = edit_distance(spoken, [w for w in heard if w])
+            edits = edit_count(spoken, [w for w in heard if w])
             text = row["files"].get(clip_id, {}).get("text", "").strip()
             cells.append(f"{edits} edit{'s' * (edits > 1)}: {text}" if edits else "same")
         lines.append(f"| {clip_id} | {entry['text']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def edit_distance(a: list[str], b: list[str]) -> int:
-    cost = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        previous, cost[0] = cost[0], i
-        for j, y in enumerate(b, 1):
-            previous, cost[j] = cost[j], min(cost[j] + 1, cost[j - 1] + 1, previous + (x != y))
-    return cost[-1]
 
 
 def worst_report(records: list[dict], name: str, key: str = "start_error_s", count: int = 25) -> str:
