@@ -246,9 +246,16 @@ def check_values(values: Mapping[str, Any], options: Iterable[Option]) -> dict[s
     return {name: by_name[name].check(value) for name, value in values.items()}
 
 
-def unknown_option(name: str, known: Iterable[str]) -> OptionError:
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The known name a mistyped ``name`` most resembles, if any does (the "did you mean" of every
+    unknown option and form field)."""
     close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"; did you mean `{close[0]}`?" if close else ""
+    return close[0] if close else None
+
+
+def unknown_option(name: str, known: Iterable[str]) -> OptionError:
+    close = closest_name(name, known)
+    hint = f"; did you mean `{close}`?" if close else ""
     return OptionError(f"unknown option `{name[:ECHO_CHARS]}`{hint}", name[:ECHO_CHARS])
 
 

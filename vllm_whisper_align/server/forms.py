@@ -8,7 +8,6 @@ method, line controls) are the options' own names, ranges and messages.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from vllm_whisper_align.options import (
     Option,
     SubtitleOptions,
     TranscriptionOptions,
+    closest_name,
     echo,
 )
 from vllm_whisper_align.server.errors import RequestError
@@ -67,8 +67,8 @@ def check_fields(form: Any, allowed: Iterable[str]) -> None:
     counts = Counter(name for name, _ in form.multi_items())
     for name, count in counts.items():
         if name not in allowed:
-            close = difflib.get_close_matches(name, sorted(allowed), n=1, cutoff=0.6)
-            hint = f"; did you mean `{close[0]}`?" if close else f"; this route reads {_listed(allowed)}"
+            close = closest_name(name, allowed)
+            hint = f"; did you mean `{close}`?" if close else f"; this route reads {_listed(allowed)}"
             raise RequestError(f"unknown field {echo(name)}{hint}", name)
         if count > 1 and name not in REPEATABLE_FIELDS:
             raise RequestError(f"`{name}` is given {count} times; give it once", name)
