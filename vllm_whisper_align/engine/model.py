@@ -31,6 +31,7 @@ from vllm_whisper_align.tokens import ENGLISH_ONLY_START, is_english_only_vocab
 logger = get_logger(__name__)
 
 
+@vllm_internals.with_whole_decoder_prompts
 class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
     """Drop-in replacement registered for ``WhisperForConditionalGeneration`` by the plugin."""
 

@@ -124,6 +124,39 @@ def capture_cross_attention(attention: Any, heads: list[int], max_tokens: int, m
     return attention
 
 
+def with_whole_decoder_prompts(model_cls: type) -> type:
+    """``model_cls`` with vLLM's Whisper processor registered for it, told that a decoder prompt is
+    whole as the caller gives it.
+
+    Why internal: vLLM 0.32 prepends the decoder start token (``<|startoftranscript|>``) to every
+    decoder prompt that does not begin with it (transformers' generate rule, in
+    ``vllm.inputs.engine.build_enc_dec_input``). A Whisper prompt that begins with ``<|startofprev|>``
+    (a ``prompt``: openai-whisper's initial_prompt) would become ``[sot, prev, …, sot, …]``: a
+    sequence the model was never trained on, and every decoder row one further than the request's
+    rows say, so the words would take the times of the word before them.
+    ``EncDecMultiModalProcessor.skip_decoder_start_token`` is vLLM's switch for processors whose
+    prompts are complete; every Whisper decoder prompt is (ours, and vLLM's own generation and
+    language-detection prompts, which begin with ``<|startofprev|>`` or ``<|startoftranscript|>``).
+    """
+    from vllm.model_executor.models import whisper
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    if not hasattr(whisper.WhisperMultiModalProcessor, "skip_decoder_start_token"):
+        raise UnsupportedVllmError(
+            "this vLLM's EncDecMultiModalProcessor has no skip_decoder_start_token; supported: "
+            f"vLLM {supported_versions_text()}"
+        )
+
+    class WholePromptWhisperProcessor(whisper.WhisperMultiModalProcessor):
+        skip_decoder_start_token = True
+
+    return MULTIMODAL_REGISTRY.register_processor(
+        WholePromptWhisperProcessor,
+        info=whisper.WhisperProcessingInfo,
+        dummy_inputs=whisper.WhisperDummyInputsBuilder,
+    )(model_cls)
+
+
 def audio_input_features(model: Any, kwargs: dict[str, Any]) -> Any:
     """The batch's input features, as vLLM's ``embed_multimodal`` reads them (a tensor or a list).
 
