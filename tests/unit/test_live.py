@@ -38,6 +38,15 @@ def test_a_disagreement_stops_the_confirmation_there():
     assert texts(agreement.confirm([word(" be", 0.5, 0.9), word(" c", 1.0, 1.2)])) == ["be", "c"]
 
 
+def test_case_and_punctuation_do_not_hold_a_word_back():
+    """A decode that ends at "mat" and the next, which hears the next sentence begin, agree on it: the
+    word is confirmed as the newer decode writes it. A lone dash agrees only with a dash."""
+    agreement = Agreement()
+    agreement.confirm([word(" the", 0.0, 0.3), word(" mat", 0.4, 0.8), word(" -", 0.9, 1.0)])
+    confirmed = agreement.confirm([word(" The", 0.0, 0.3), word(" mat.", 0.4, 0.8), word(" ,", 0.9, 1.0)])
+    assert texts(confirmed) == ["The", "mat."]
+
+
 def test_a_word_read_two_ways_between_agreeing_words_is_confirmed_as_the_newer_decode_reads_it():
     agreement = Agreement()
     agreement.confirm([word(" The", 0.5, 0.8), word(" cat", 0.92, 1.3), word(" sat", 1.5, 1.9)])

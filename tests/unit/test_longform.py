@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vllm_whisper_align.align.results import TokenTiming, Transcript
-from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.align.words import Word, normalise
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
 from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.longform import steps as longform_steps
@@ -32,7 +32,7 @@ from vllm_whisper_align.longform.steps import (
     second_pass_order,
     split_and_force,
 )
-from vllm_whisper_align.longform.words import TextWord, normalise, text_words
+from vllm_whisper_align.longform.words import TextWord, text_words
 
 SAMPLE_RATE = 16000
 

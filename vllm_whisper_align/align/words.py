@@ -10,6 +10,7 @@ which) ids are special.
 from __future__ import annotations
 
 import string
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -170,6 +171,13 @@ def word_timings(
             words, word_tokens, start_times, end_times, word_probabilities, strict=False
         )
     ]
+
+
+def normalise(word: str) -> str:
+    """A word as two readings of it compare: case-folded, without punctuation or spaces ("Mat." and
+    " mat" are one word)."""
+    folded = unicodedata.normalize("NFKC", word).casefold()
+    return "".join(ch for ch in folded if unicodedata.category(ch)[0] not in "PZ")
 
 
 # ---------------------------------------------------------------------------- word rules

@@ -2,12 +2,13 @@
 buffer both say it, in the same place of their text (ufal/whisper_streaming's ``HypothesisBuffer``).
 
 Each decode's words (absolute times) are compared with the previous decode's unconfirmed tail: their
-longest common prefix (word texts equal) is confirmed, with the times of the newer decode (it heard more
-of what follows each word, so its DTW places the word better); the rest becomes the tail the next
-decode is compared with. One word read two ways at the same place, between words both decodes agree
-on, is confirmed as the newer decode reads it (:meth:`Agreement._reread`). Words that start before the
-last confirmed word ends belong to text already confirmed, and a decode that repeats the last confirmed
-words at its start (the buffer still holds their audio) has the repetition dropped.
+longest common prefix (word texts equal, case and punctuation aside) is confirmed, with the texts and
+times of the newer decode (it heard more of what follows each word, so its DTW places the word better);
+the rest becomes the tail the next decode is compared with. One word read two ways at the same place,
+between words both decodes agree on, is confirmed as the newer decode reads it
+(:meth:`Agreement._reread`). Words that start before the last confirmed word ends belong to text already
+confirmed, and a decode that repeats the last confirmed words at its start (the buffer still holds their
+audio) has the repetition dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.align.words import Word, normalise
 
 # A decode's word that starts this long before the last confirmed word's end still counts as new
 # (DTW places the same boundary a little differently in each decode).
@@ -29,7 +30,10 @@ MAX_REPEAT_WORDS = 5
 
 
 def same_word(a: Word, b: Word) -> bool:
-    return a.word.strip() == b.word.strip()
+    """Two readings of one word: equal once normalised ("mat" and "Mat." agree: a decode that hears
+    the next sentence start puts the period and capital there), exactly equal if nothing is left."""
+    key = normalise(a.word)
+    return key == normalise(b.word) if key else a.word.strip() == b.word.strip()
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The rolling buffer of a live stream: the audio not yet settled, at most one window, decoded again each
-time about a second more has come, its words confirmed by :class:`~.agreement.Agreement`.
+time ``STEP_S`` more has come, its words confirmed by :class:`~.agreement.Agreement`.
 
 What comes is appended; :meth:`RollingBuffer.wants_decode` says whether a decode is due (``STEP_S`` of
 new audio, or the end of the audio with something left to settle); :meth:`RollingBuffer.next_decode`
@@ -25,11 +25,11 @@ from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
 from vllm_whisper_align.live.agreement import Agreement
 
-# A decode is due once this much audio has come since the last (ufal/whisper_streaming's min-chunk-size).
-STEP_S = 1.0
-# A stream joins another's decode round with at least this much new audio: every decode has to hear
-# more than the one before (two decodes of the same audio agree on anything, a cut-off last word too).
-MIN_STEP_S = 0.5
+# A decode is due once this much audio has come since the last (ufal/whisper_streaming's min-chunk-size):
+# decodes follow one another as fast as the engine answers, each hearing at least this much more than
+# the one before (two decodes of the same audio agree on anything, a cut-off last word too). A word is
+# confirmed by the second decode that hears it whole, so the step is most of a word's delay.
+STEP_S = 0.5
 # The most new audio one decode takes in, for a client sending faster than real time.
 MAX_STEP_S = 5.0
 # The buffer holds at most one window.
@@ -99,10 +99,10 @@ class RollingBuffer:
 
     # ---- decodes
 
-    def wants_decode(self, min_step: float = STEP_S) -> bool:
-        """A decode is due: ``min_step`` of new audio, or the audio has ended with new audio left."""
+    def wants_decode(self) -> bool:
+        """A decode is due: ``STEP_S`` of new audio, or the audio has ended with new audio left."""
         new = self.new_seconds
-        return new >= min_step or (self.ended and new > 0)
+        return new >= STEP_S or (self.ended and new > 0)
 
     def next_decode(self) -> Decode:
         """Moves up to MAX_STEP_S of new audio into the buffer (trimming first what the window cannot

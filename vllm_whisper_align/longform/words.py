@@ -4,11 +4,10 @@ tokens into words, and normalised for matching.
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from vllm_whisper_align.align.words import Word, merge_punctuations, split_to_word_tokens
+from vllm_whisper_align.align.words import Word, merge_punctuations, normalise, split_to_word_tokens
 from vllm_whisper_align.tokens import WhisperTokens
 
 # ---------------------------------------------------------------------------- words
@@ -19,11 +18,6 @@ class TextWord:
     text: str
     tokens: list[int]
     key: str  # normalised for matching: case-folded, without punctuation or spaces
-
-
-def normalise(word: str) -> str:
-    folded = unicodedata.normalize("NFKC", word).casefold()
-    return "".join(ch for ch in folded if unicodedata.category(ch)[0] not in "PZ")
 
 
 def text_words(token_ids: Sequence[int], tokens: WhisperTokens, language: str) -> list[TextWord]:

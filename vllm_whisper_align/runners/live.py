@@ -2,12 +2,13 @@
 (``live.buffer``'s policy), on the server's engines (:class:`LiveStreams`) or in-process on an offline
 engine (:func:`stream_in_process`, the CLI's).
 
-On the server, every open stream's decodes run in rounds: a round starts once some stream has
-``STEP_S`` of new audio (or has ended), and takes every stream with at least ``MIN_STEP_S`` of new
-audio, their decodes merged into one engine batch (``driver.together``). A client sending faster than
-real time gets a round after another, as fast as the engines answer. Each stream's failure is its own
-(``driver.settled``). A stream closed mid-round is dropped at once; the round's captures are fetched or
-discarded with the round, so nothing of it stays in the workers.
+On the server, every open stream's decodes run in rounds, one after another: a round takes every
+stream with ``STEP_S`` of new audio (or whose audio has ended), their decodes merged into one engine
+batch (``driver.together``); the streams that were still in the round, or had too little new audio,
+join the next. A client sending faster than real time gets a round after another, as fast as the
+engines answer; with many streams, a round takes longer and each decode in it hears more. Each
+stream's failure is its own (``driver.settled``). A stream closed mid-round is dropped at once; the
+round's captures are fetched or discarded with the round, so nothing of it stays in the workers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
-from vllm_whisper_align.live.buffer import MIN_STEP_S, Decode, RollingBuffer, Update
+from vllm_whisper_align.live.buffer import Decode, RollingBuffer, Update
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import driver
@@ -143,12 +144,8 @@ class LiveStreams:
     # ---- rounds
 
     def _due(self) -> list[LiveStream]:
-        """The streams of the next round: none until one has a decode due; then all with enough new
-        audio to hear more than their last decode."""
-        idle = [s for s in self.streams.values() if not s.busy]
-        if not any(s.buffer.wants_decode() for s in idle):
-            return []
-        return [s for s in idle if s.buffer.wants_decode(MIN_STEP_S)]
+        """The streams of the next round: those not in a round with a decode due."""
+        return [s for s in self.streams.values() if not s.busy and s.buffer.wants_decode()]
 
     async def _run_rounds(self) -> None:
         while True:
