@@ -202,3 +202,23 @@ def test_realtime_url_of_a_server():
     assert realtime_url("h:8000") == "ws://h:8000/v1/realtime"
     with pytest.raises(InputError):
         realtime_url("ftp://h")
+
+
+def test_a_decodes_last_word_waits_until_a_decode_hears_past_it():
+    """Two decodes that both end at "sister." (the next word begun, not written yet) confirm "My"
+    only; once a decode has heard a while past it, "sister." is confirmed as that decode writes it."""
+    agreement = Agreement()
+    agreement.confirm([word(" My", 0.5, 0.8), word(" sister.", 0.9, 1.4)], heard_until=1.5)
+    assert texts(agreement.confirm([word(" My", 0.5, 0.8), word(" sister.", 0.9, 1.4)], 2.0)) == ["My"]
+    assert texts(agreement.confirm([word(" sister.", 0.9, 1.4)], heard_until=2.5)) == ["sister."]
+
+
+def test_a_decode_not_believed_leaves_the_words_the_next_one_is_compared_with():
+    """A looped decode (``take(..., None)``) confirms nothing and wipes nothing: the decode after it
+    confirms what it and the decode before the loop agree on."""
+    buffer = RollingBuffer()
+    heard = [word(" one", 0.1, 0.4), word(" two", 0.5, 0.8)]
+    for words in (heard, None, [*heard, word(" three", 1.0, 1.2)]):
+        buffer.append(np.zeros(SAMPLE_RATE, dtype=np.float32))
+        update = buffer.take(buffer.next_decode(), words)
+    assert texts(update.confirmed) == ["one", "two"]

@@ -8,11 +8,12 @@ the rest becomes the tail the next decode is compared with. One word read two wa
 between words both decodes agree on, is confirmed as the newer decode reads it
 (:meth:`Agreement._reread`). Words that start before the last confirmed word ends belong to text already
 confirmed, and a decode that repeats the last confirmed words at its start (the buffer still holds their
-audio) has the repetition dropped.
+audio) has the repetition dropped. A decode's last word waits until a decode has heard a little past it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +28,10 @@ SAME_PLACE_S = 0.2
 REPEAT_WITHIN_S = 1.0
 # The longest repetition of confirmed words looked for at a decode's start.
 MAX_REPEAT_WORDS = 5
+# A decode's last word is confirmed only if the decode heard this long after its end (about a word):
+# Whisper ends its text with a period where the audio ends, and the audio after the last word may be a
+# word begun that it does not write yet ("My sister." "plays." from decodes 0.5 s apart).
+LAST_WORD_HEARD_AFTER_S = 0.8
 
 
 def same_word(a: Word, b: Word) -> bool:
@@ -46,11 +51,17 @@ class Agreement:
     in_buffer: list[Word] = field(default_factory=list)
     confirmed_end: float = 0.0
 
-    def confirm(self, words: Sequence[Word]) -> list[Word]:
-        """The words of a new decode that it and the previous one agree on, confirmed now."""
+    def confirm(self, words: Sequence[Word], heard_until: float = math.inf) -> list[Word]:
+        """The words of a new decode (which heard the stream up to ``heard_until``) that it and the
+        previous one agree on, confirmed now; its last word waits if the decode ends right after it."""
         new = self._new_words(words)
+        held = 1 if new and heard_until - new[-1].end < LAST_WORD_HEARD_AFTER_S else 0
         confirmed: list[Word] = []
-        while new and self.tail and (same_word(new[0], self.tail[0]) or self._reread(new, self.tail)):
+        while (
+            len(new) > held
+            and self.tail
+            and (same_word(new[0], self.tail[0]) or self._reread(new, self.tail))
+        ):
             confirmed.append(new.pop(0))
             self.tail.pop(0)
         self.tail = new

@@ -114,11 +114,14 @@ class RollingBuffer:
         self._take_in(int(round(step * SAMPLE_RATE)))
         return Decode(self.audio, self.offset, self._prompt())
 
-    def take(self, decode: Decode, words: Sequence[Word]) -> Update:
+    def take(self, decode: Decode, words: Sequence[Word] | None) -> Update:
         """A decode's words (times within ``decode.samples``): those two decodes agree on confirmed; the
-        buffer trimmed at its last confirmed sentence end once it is long."""
-        heard = [_shifted(word, decode.offset) for word in words]
-        confirmed = self.agreement.confirm(heard)
+        buffer trimmed at its last confirmed sentence end once it is long. ``words`` None: the decode
+        is not believed (it looped), confirms nothing, and the next is compared with the one before."""
+        confirmed = []
+        if words is not None:
+            heard = [_shifted(word, decode.offset) for word in words]
+            confirmed = self.agreement.confirm(heard, decode.offset + len(decode.samples) / SAMPLE_RATE)
         if self.seconds > TRIM_AFTER_S:
             cut = self._sentence_cut()
             if cut is not None:

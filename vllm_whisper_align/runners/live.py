@@ -102,6 +102,16 @@ def decode_work(
     return (yield from driver.run_plan(plan, facts.tokens))
 
 
+def believed_words(transcript: Any, options: TranscriptionOptions) -> list[Word] | None:
+    """A decode's words, or None where it loops (a segment over the fallback's
+    ``compression_ratio_threshold``: "aunt, aunt, aunt, …"): no decode agrees with such a text, and
+    compared with the next it would only wipe the words that decode has to agree with."""
+    threshold = options.fallback.compression_ratio_threshold
+    if threshold is not None and any(s.compression_ratio > threshold for s in transcript.segments):
+        return None
+    return transcript.words or []
+
+
 # ---------------------------------------------------------------------------- on the server
 
 
@@ -180,7 +190,7 @@ class LiveStreams:
                 self._fail(stream, error)
                 continue
             stream.language = stream.language or transcript.language
-            update = stream.buffer.take(decode, transcript.words or [])
+            update = stream.buffer.take(decode, believed_words(transcript, stream.options))
             stream.events.put_nowait(Confirmed(update.confirmed, update.partial))
             self._settle(stream)
 
@@ -229,7 +239,7 @@ def stream_in_process(
         decode = buffer.next_decode()
         transcript = aligner.run(decode_work(decode, aligner.facts, language, prompt, options))
         language = language or transcript.language
-        on_update(buffer.take(decode, transcript.words or []))
+        on_update(buffer.take(decode, believed_words(transcript, options)))
     on_update(buffer.finish())
     reader.join()
     return buffer.confirmed
