@@ -1,0 +1,153 @@
+"""The live policy (``live/``) in-process, on a virtual clock: each recording's audio arrives at real
+time, and each decode takes the time it really took (or ``--decode-s``, for runs that compare policies
+without the machine's jitter). A tool for changing the policy, not the benchmark of record (that is
+streaming_bench.py, through a real server and WebSocket client).
+
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --real 4 [-v]
+
+Per recording and in all: the delay of each confirmed word (the virtual time it was confirmed, less
+the end of the audio that holds its end), each decode's time, the WER of the streamed words against
+the offline transcription of the same audio, starts within 50 ms of the truth, and sentence ends
+(words ending in . ? !) streamed and offline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import real_speech  # noqa: E402
+from tests.support.speech import concatenate_clips, sentence_clips, start_errors, word_errors  # noqa: E402
+from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
+from vllm_whisper_align.live.buffer import RollingBuffer  # noqa: E402
+from vllm_whisper_align.options import TranscriptionOptions  # noqa: E402
+from vllm_whisper_align.runners.live import believed_words, decode_work  # noqa: E402
+
+CHUNK_S = 0.1
+
+
+def plain(word: str) -> str:
+    return word.strip(" .,!?;:\"'").lower()
+
+
+def recordings(num_real: int) -> list[tuple[str, object]]:
+    sentences = sentence_clips()
+    synthetic = [("synthetic", concatenate_clips(sentences[i : i + 4])) for i in (0, 4)]
+    joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
+    return synthetic + [("real", clip) for clip in joined[:num_real]]
+
+
+def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
+    """Confirmed words with their delays, and each decode's seconds."""
+    options, language = TranscriptionOptions(), None
+    buffer, clock, sent, total = RollingBuffer(), 0.0, 0, len(samples) / SAMPLE_RATE
+    confirmed, took = [], []
+
+    def arrived(words):
+        for word in words:
+            end_sent = min(np.ceil(word.end / CHUNK_S) * CHUNK_S, total)
+            confirmed.append((word, clock - end_sent))
+
+    while True:
+        upto = min(int(round(clock * SAMPLE_RATE)), len(samples))
+        if upto > sent:
+            buffer.append(samples[sent:upto])
+            sent = upto
+        if sent >= len(samples) and not buffer.ended:
+            buffer.end()
+        if not buffer.wants_decode():
+            if buffer.ended and not buffer.arrived:
+                break
+            clock = sent / SAMPLE_RATE + CHUNK_S
+            continue
+        decode = buffer.next_decode()
+        began = time.perf_counter()
+        transcript = aligner.run(decode_work(decode, aligner.facts, language, None, options))
+        took.append(time.perf_counter() - began)
+        clock += took[-1] if decode_s is None else decode_s
+        language = language or transcript.language
+        update = buffer.take(decode, believed_words(transcript, options))
+        arrived(update.confirmed)
+        if verbose:
+            partial = "".join(w.word for w in update.partial)[:60]
+            print(
+                f"{clock:6.2f} buffer {len(decode.samples) / SAMPLE_RATE:4.1f} s decode {took[-1]:.2f} s "
+                f"confirmed {[w.word for w in update.confirmed]} partial {partial!r}"
+            )
+    arrived(buffer.finish().confirmed)
+    return confirmed, took
+
+
+def within(clip, words) -> tuple[int, int]:
+    errors = start_errors(clip, words)
+    known = ~np.isnan(errors)
+    return int((errors[known] <= 0.05).sum()), int(known.sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--real", type=int, default=3, help="joined real-speech recordings (of 20)")
+    parser.add_argument("--decode-s", type=float, default=None, help="virtual seconds per decode")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args()
+    from vllm_whisper_align.runners.offline import WhisperAligner
+
+    rows = []
+    with WhisperAligner(None, dtype="float32") as aligner:
+        aligner.transcribe([np.zeros(SAMPLE_RATE, dtype=np.float32)])  # warm-up
+        for kind, clip in recordings(args.real):
+            offline = aligner.transcribe([clip.samples])[0].words
+            confirmed, took = stream(aligner, clip.samples, args.decode_s, args.verbose)
+            live = [word for word, _ in confirmed]
+            ends = [sum(w.word.rstrip()[-1:] in ".?!" for w in ws) for ws in (live, offline)]
+            rows.append(
+                {
+                    "kind": kind,
+                    "delays": [d for _, d in confirmed],
+                    "took": took,
+                    "ends": ends,
+                    "errors": word_errors([plain(w.word) for w in offline], [plain(w.word) for w in live]),
+                    "reference": len(offline),
+                    "streamed": within(clip, live),
+                    "offline": within(clip, offline),
+                }
+            )
+            row = rows[-1]
+            print(
+                f"{kind} {clip.duration:.1f} s: median delay {np.median(row['delays']):.2f} s, word errors "
+                f"{row['errors']}/{row['reference']}, decode median {np.median(took):.2f} s "
+                f"max {max(took):.2f} s"
+            )
+            if args.verbose:
+                print("  streamed:", "".join(w.word for w in live))
+                print("  offline: ", "".join(w.word for w in offline))
+    delays = [d for row in rows for d in row["delays"]]
+    took = [t for row in rows for t in row["took"]]
+    print(
+        f"all: delay median {np.median(delays):.2f} s, p90 {np.percentile(delays, 90):.2f} s; decode median "
+        f"{np.median(took):.2f} s, p90 {np.percentile(took, 90):.2f} s"
+    )
+    print(
+        f"WER against offline {sum(r['errors'] for r in rows) / sum(r['reference'] for r in rows):.1%}; "
+        f"sentence ends streamed / offline {sum(r['ends'][0] for r in rows)} / "
+        f"{sum(r['ends'][1] for r in rows)}"
+    )
+    for kind in ("synthetic", "real"):
+        chosen = [r for r in rows if r["kind"] == kind]
+        if chosen:
+            share = [
+                sum(r[side][0] for r in chosen) / sum(r[side][1] for r in chosen)
+                for side in ("streamed", "offline")
+            ]
+            print(f"starts within 50 ms, {kind}: streamed {share[0]:.1%} / offline {share[1]:.1%}")
+
+
+if __name__ == "__main__":
+    main()
