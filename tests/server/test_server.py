@@ -98,6 +98,21 @@ def test_openai_client_gets_words(client):
     assert result.language == "en" and result.duration == pytest.approx(clip.duration, abs=0.01)
 
 
+def test_a_prompt_leaves_the_words_where_they_were_spoken(client):
+    """The openai client's ``prompt`` (the API process builds the decoder prompt): the words stay near
+    the truth, as without one (a prompt once gave every word the start of the word before it)."""
+    clip = concatenate_clips(sentence_clips()[1:3])
+    result = client.audio.transcriptions.create(
+        model="whisper-tiny.en",
+        file=("clip.wav", wav_bytes(clip)),
+        response_format="verbose_json",
+        timestamp_granularities=["word"],
+        prompt="Notes from the reading group. Everyone read a few short sentences aloud.",
+    )
+    words = [w.model_dump() for w in result.words]
+    assert (start_errors(clip, words) <= 0.1).mean() >= 0.75, (clip.text, words)
+
+
 def test_segment_and_word_granularities(server):
     clip = sentence_clips()[1]
     both = transcribe_raw(
