@@ -4,7 +4,8 @@ vLLM 0.32 registers its own ``/v1/realtime`` (``vllm/entrypoints/speech_to_text/
 models that implement ``SupportsRealtime``: a model that takes a stream of audio into one engine request
 and decodes it as it grows. Whisper does not (it hears a 30 s window at a time), so for Whisper vLLM
 serves no such route; this plugin adds it, over its own streaming policy (``live``, ``runners.live``):
-the audio is decoded again every second, what two decodes agree on is confirmed and timed.
+the audio is decoded again every half second of new audio, what two decodes agree on is confirmed and
+timed.
 
 The events are vLLM's, plus the words. From the client: ``session.update`` (``model``, optional here,
 and as extensions ``language``, ``prompt`` and the transcription options of the form fields, JSON
