@@ -260,7 +260,7 @@ def window_words(
             speech,
             window.offset,
             output.token_logprobs[: len(text_tokens)],
-            holds_speech(samples),
+            holds_speech(samples, speech=speech),
             window.forced,
         )
         set_confidences(words, evidence, window.forced)

@@ -159,13 +159,17 @@ VOICE_CONTEXT_FRAMES = 2
 SINGLE_TONE_FFT = 1024
 
 
-def holds_speech(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> bool:
-    """Whether ``samples`` hold MIN_VOICE_FRAMES frames of speech: under the speech mask, voiced, and
-    not one tone. Read run by run of the mask, stopping as soon as enough are found (a speech window
-    is settled by its first words)."""
+def holds_speech(
+    samples: np.ndarray, sample_rate: int = SAMPLE_RATE, speech: np.ndarray | None = None
+) -> bool:
+    """Whether ``samples`` hold MIN_VOICE_FRAMES frames of speech: under the speech mask (``speech``,
+    :func:`speech_frames` of ``samples``, where the caller has it already), voiced, and not one tone.
+    Read run by run of the mask, stopping as soon as enough are found (a speech window is settled by its
+    first words)."""
     samples = np.nan_to_num(np.asarray(samples, dtype=np.float32), nan=0.0, posinf=0.0, neginf=0.0)
     frame = int(SPEECH_FRAME_SECONDS * sample_rate)
-    speech = speech_frames(samples, sample_rate)
+    if speech is None:
+        speech = speech_frames(samples, sample_rate)
     # Voicing of the first difference: pink and brown noise, strong at low frequencies, correlate over a
     # voice's pitch lags by chance (up to 15 frames a window of pink noise); the difference flattens
     # them, and a voice's harmonics stay periodic.
