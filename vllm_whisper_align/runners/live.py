@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
@@ -102,7 +103,7 @@ def decode_work(
     return (yield from driver.run_plan(plan, facts.tokens))
 
 
-def believed_words(transcript: Any, options: TranscriptionOptions) -> list[Word] | None:
+def believed_words(transcript: Transcript, options: TranscriptionOptions) -> list[Word] | None:
     """A decode's words, or None where it loops (a segment over the fallback's
     ``compression_ratio_threshold``: "aunt, aunt, aunt, …"): no decode agrees with such a text, and
     compared with the next it would only wipe the words that decode has to agree with."""
