@@ -20,28 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 
-from tests.support import real_speech  # noqa: E402
-from tests.support.speech import concatenate_clips, sentence_clips, start_errors, word_errors  # noqa: E402
+from streaming_bench import CHUNK_S, plain, recordings, within  # noqa: E402
+
+from tests.support.speech import word_errors  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 from vllm_whisper_align.live.buffer import RollingBuffer  # noqa: E402
 from vllm_whisper_align.options import TranscriptionOptions  # noqa: E402
 from vllm_whisper_align.runners.live import believed_words, decode_work  # noqa: E402
-
-CHUNK_S = 0.1
-
-
-def plain(word: str) -> str:
-    return word.strip(" .,!?;:\"'").lower()
-
-
-def recordings(num_real: int) -> list[tuple[str, object]]:
-    sentences = sentence_clips()
-    synthetic = [("synthetic", concatenate_clips(sentences[i : i + 4])) for i in (0, 4)]
-    joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
-    return synthetic + [("real", clip) for clip in joined[:num_real]]
 
 
 def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
@@ -83,12 +72,6 @@ def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
             )
     arrived(buffer.finish().confirmed)
     return confirmed, took
-
-
-def within(clip, words) -> tuple[int, int]:
-    errors = start_errors(clip, words)
-    known = ~np.isnan(errors)
-    return int((errors[known] <= 0.05).sum()), int(known.sum())
 
 
 def main() -> None:

@@ -109,11 +109,11 @@ def within(clip, words: list[dict]) -> tuple[int, int]:
     return int((errors[known] <= WITHIN_S).sum()), int(known.sum())
 
 
-def recordings() -> list[tuple[str, object]]:
+def recordings(num_real: int = REAL_RECORDINGS) -> list[tuple[str, object]]:
     sentences = sentence_clips()
     synthetic = [("synthetic", concatenate_clips(sentences[i : i + 4])) for i in (0, 4)]
     joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
-    return synthetic + [("real", clip) for clip in joined[:REAL_RECORDINGS]]
+    return synthetic + [("real", clip) for clip in joined[:num_real]]
 
 
 def one_at_a_time(server: str, url: str) -> dict:
