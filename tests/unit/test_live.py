@@ -70,6 +70,39 @@ def test_confirmed_words_said_again_at_a_decodes_start_are_not_confirmed_twice()
     assert texts(confirmed) == ["three"]
 
 
+def test_a_word_one_decode_skips_between_words_both_agree_on_is_kept():
+    """Small models drop a word from one decode to the next ("there might be prudently in" and "there
+    might be in"): the word one of two decodes heard, where both go on alike, is confirmed."""
+    agreement = Agreement()
+    agreement.confirm([word(" be", 0.0, 0.3), word(" prudently", 0.4, 0.8), word(" in", 0.9, 1.0)])
+    confirmed = agreement.confirm([word(" be", 0.0, 0.3), word(" in", 0.85, 1.0), word(" his", 1.1, 1.3)])
+    assert texts(confirmed) == ["be", "prudently", "in"]
+    # The other way round: the newer decode hears the word the older one skipped.
+    agreement = Agreement()
+    agreement.confirm([word(" be", 0.0, 0.3), word(" in", 0.9, 1.0), word(" his", 1.1, 1.3)])
+    confirmed = agreement.confirm([word(" be", 0.0, 0.3), word(" wisely", 0.4, 0.8), word(" in", 0.85, 1.0)])
+    assert texts(confirmed) == ["be", "wisely", "in"]
+    # A word at another place is not the same word skipped: nothing after "be" is confirmed.
+    agreement = Agreement()
+    agreement.confirm([word(" be", 0.0, 0.3), word(" in", 0.9, 1.0), word(" his", 1.1, 1.3)])
+    confirmed = agreement.confirm([word(" be", 0.0, 0.3), word(" wisely", 0.4, 0.8), word(" in", 1.5, 1.6)])
+    assert texts(confirmed) == ["be"]
+
+
+def test_a_confirmed_word_placed_later_by_a_decode_does_not_swallow_the_next():
+    """The confirmed "rather" ended at 3.75 s in the decode that confirmed it; the next decodes place
+    it at 3.44-3.62 and "selfish" from 3.62: the decode goes on after its own "rather", not after
+    3.75 s."""
+    agreement = Agreement()
+    agreement.confirm([word(" and", 3.06, 3.44), word(" rather", 3.44, 3.75), word(" as", 3.75, 3.97)])
+    agreement.confirm([word(" and", 3.06, 3.44), word(" rather", 3.44, 3.75), word(" self", 3.97, 4.1)])
+    heard = [word(" rather", 3.44, 3.62), word(" selfish", 3.62, 4.12), word(" is", 4.12, 4.9)]
+    agreement.confirm(heard)
+    confirmed = agreement.confirm([*heard, word(" to", 4.95, 5.1), word(" be", 5.1, 5.2)])
+    assert texts(agreement.in_buffer) == ["and", "rather", "selfish", "is"]
+    assert texts(confirmed) == ["selfish", "is"]
+
+
 class StandInDecoder:
     """Hears the words of ``truth`` inside the audio it is given (times relative to it); a word the
     buffer's end cuts is misheard ("...")."""
