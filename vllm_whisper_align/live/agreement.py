@@ -43,6 +43,11 @@ def same_word(a: Word, b: Word) -> bool:
     return key == normalise(b.word) if key else a.word.strip() == b.word.strip()
 
 
+def at_same_place(a: Word, b: Word) -> bool:
+    """Two decodes' words that start within SAME_PLACE_S of each other."""
+    return abs(a.start - b.start) <= SAME_PLACE_S
+
+
 @dataclass
 class Agreement:
     """What is confirmed so far, and the tail the next decode is compared with."""
@@ -82,9 +87,9 @@ class Agreement:
         return (
             len(new) > 1
             and len(tail) > 1
-            and abs(new[0].start - tail[0].start) <= SAME_PLACE_S
+            and at_same_place(new[0], tail[0])
             and same_word(new[1], tail[1])
-            and abs(new[1].start - tail[1].start) <= SAME_PLACE_S
+            and at_same_place(new[1], tail[1])
         )
 
     @staticmethod
@@ -97,7 +102,7 @@ class Agreement:
         return (
             len(some) >= len(after) > 0
             and all(same_word(a, b) for a, b in zip(some, after, strict=False))
-            and abs(some[0].start - other[1].start) <= SAME_PLACE_S
+            and at_same_place(some[0], other[1])
         )
 
     def confirm_tail(self) -> list[Word]:
@@ -131,11 +136,7 @@ class Agreement:
         "rather" 3.44-3.62 and "selfish" from 3.62)."""
         if self.in_buffer:
             last = self.in_buffer[-1]
-            again = [
-                i
-                for i, word in enumerate(words)
-                if same_word(word, last) and abs(word.start - last.start) <= SAME_PLACE_S
-            ]
+            again = [i for i, word in enumerate(words) if same_word(word, last) and at_same_place(word, last)]
             if again:
                 return list(words[min(again, key=lambda i: abs(words[i].start - last.start)) + 1 :])
         new = [word for word in words if word.start > self.confirmed_end - OVERLAP_S]
