@@ -4,6 +4,11 @@ without the machine's jitter). A tool for changing the policy, not the benchmark
 streaming_bench.py, through a real server and WebSocket client).
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --real 4 [-v]
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --held-out --real 8
+
+``--held-out`` streams recordings the bench's set does not hold, to check a policy change made while
+reading the bench's set: its synthetic sentences in two other orders, the joined real pairs that begin
+with another sentence than the bench's, and every other real clip alone.
 
 Per recording and in all: the delay of each confirmed word (the virtual time it was confirmed, less
 the end of the audio that holds its end), each decode's time, the WER of the streamed words against
@@ -26,11 +31,28 @@ sys.path.insert(0, str(HERE))
 
 from streaming_bench import CHUNK_S, plain, recordings, within  # noqa: E402
 
-from tests.support.speech import word_errors  # noqa: E402
+from tests.support import real_speech  # noqa: E402
+from tests.support.speech import concatenate_clips, sentence_clips, word_errors  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 from vllm_whisper_align.live.buffer import RollingBuffer  # noqa: E402
 from vllm_whisper_align.options import TranscriptionOptions  # noqa: E402
 from vllm_whisper_align.runners.live import believed_words, decode_work  # noqa: E402
+
+# The bench's joined real pairs are the first ones (those that begin with the first sentence, then the
+# second); the held-out pairs start after as many as the bench's set reads at most here.
+HELD_OUT_PAIRS_FROM = 8
+
+
+def held_out(num_real: int) -> list[tuple[str, object]]:
+    sentences = sentence_clips()
+    synthetic = [
+        ("synthetic", concatenate_clips([sentences[i] for i in order]))
+        for order in ((1, 3, 5, 7), (6, 4, 2, 0))
+    ]
+    clips = real_speech.load_clips(log=lambda *_: None)
+    joined = real_speech.joined_with_pauses(clips)[HELD_OUT_PAIRS_FROM : HELD_OUT_PAIRS_FROM + num_real]
+    alone = [clip for clip in clips if not real_speech.is_librivox_sentence(clip)]
+    return synthetic + [("real", clip) for clip in joined + alone]
 
 
 def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
@@ -78,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", type=int, default=3, help="joined real-speech recordings (of 20)")
     parser.add_argument("--decode-s", type=float, default=None, help="virtual seconds per decode")
+    parser.add_argument("--held-out", action="store_true", help="the recordings the bench does not hold")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     from vllm_whisper_align.runners.offline import WhisperAligner
@@ -85,7 +108,7 @@ def main() -> None:
     rows = []
     with WhisperAligner(None, dtype="float32") as aligner:
         aligner.transcribe([np.zeros(SAMPLE_RATE, dtype=np.float32)])  # warm-up
-        for kind, clip in recordings(args.real):
+        for kind, clip in (held_out if args.held_out else recordings)(args.real):
             offline = aligner.transcribe([clip.samples])[0].words
             confirmed, took = stream(aligner, clip.samples, args.decode_s, args.verbose)
             live = [word for word, _ in confirmed]

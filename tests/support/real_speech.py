@@ -784,11 +784,16 @@ def breath(seconds: float, rms: float, rng: np.random.Generator) -> np.ndarray:
 JOINED_KIND = "read, joined"
 
 
+def is_librivox_sentence(clip: Clip) -> bool:
+    """One of the LibriVox sentences (joined_with_pauses pairs them)."""
+    return clip.id.startswith("ps_")
+
+
 def joined_with_pauses(clips: list[Clip], seed: int = 0) -> list[Clip]:
     """Every ordered pair of the LibriVox sentences, joined by a pause of room tone (PAUSES_S in turn),
     a breath before the second sentence in every other pair, and LEAD_IN_S of room tone first."""
     rng = np.random.default_rng(seed)
-    read = [c for c in clips if c.id.startswith("ps_")]
+    read = [c for c in clips if is_librivox_sentence(c)]
     joined = []
     for k, (first, second) in enumerate((a, b) for a in read for b in read if a is not b):
         tone = np.concatenate([room_tone(first), room_tone(second)])  # the two sentences' own

@@ -23,7 +23,9 @@ NOT_ROOM_TONE = {"ps_0930"}
 @pytest.fixture(scope="module")
 def reader(real_clips):
     """The LibriVox sentences: one reader and one microphone, with their room tone."""
-    return [clip for clip in real_clips if clip.id.startswith("ps_") and clip.id not in NOT_ROOM_TONE]
+    return [
+        clip for clip in real_clips if real_speech.is_librivox_sentence(clip) and clip.id not in NOT_ROOM_TONE
+    ]
 
 
 def led_in(clip, tone_s: float, breath_s: float | None, seed: int = 0):
