@@ -175,6 +175,8 @@ class WhisperAlignConfig:
     encoder_int8: bool = False
     # Encoder outputs kept for a repeat of the same window (CPU only; see ENCODER_CACHE_MIB).
     encoder_cache_mib: int = ENCODER_CACHE_MIB
+    # Short transcriptions that wait for the engine together share a window (runners.packing).
+    packing: bool = True
 
     @classmethod
     def from_additional_config(cls, additional_config: dict | None) -> WhisperAlignConfig:
@@ -188,6 +190,8 @@ class WhisperAlignConfig:
                 f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
             )
         config = cls(**options)
+        if not isinstance(config.packing, bool):
+            raise ValueError(f"whisper_align.packing must be true or false, got {config.packing!r}")
         if (
             isinstance(config.encoder_cache_mib, bool)
             or not isinstance(config.encoder_cache_mib, int)

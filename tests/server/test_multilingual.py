@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import numpy as np
 import openai
 import pytest
 
-from tests.support.speech import sentence_clips, write_wav
+from tests.support.speech import sentence_clips, synthesize_words, write_wav
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +65,40 @@ def test_explicit_language_and_translation(base_client):
         base_client.audio.transcriptions.create(
             model="whisper-base", file=("c.wav", wav(clip)), language="xx"
         )
+
+
+def test_requests_in_two_languages_at_once_keep_their_languages(base_client):
+    """English and German clips sent together, each with its language: clips of one language may share
+    a window, never clips of two; each answer is in its own language, with its own words."""
+    english = sentence_clips()[:6]
+    german = [synthesize_words(words.split(), voice="de") for words in GERMAN]
+
+    async def send_all():
+        client = openai.AsyncOpenAI(
+            base_url=str(base_client.base_url), api_key="unused", timeout=600, max_retries=0
+        )
+        try:
+            return await asyncio.gather(
+                *(
+                    client.audio.transcriptions.create(
+                        model="whisper-base",
+                        file=("c.wav", wav(clip)),
+                        language=language,
+                        response_format="verbose_json",
+                        timestamp_granularities=["word"],
+                    )
+                    for clip, language in [*((c, "en") for c in english), *((c, "de") for c in german)]
+                )
+            )
+        finally:
+            await client.close()
+
+    results = asyncio.run(send_all())
+    for clip, result in zip([*english, *german], results, strict=True):
+        heard = {w.word.strip(" .,").lower() for w in result.words}
+        spoken = {w.strip(" .,").lower() for w in clip.words}
+        assert len(heard & spoken) >= len(spoken) // 2, (clip.text, result.text)
+    assert [r.language for r in results] == ["en"] * len(english) + ["de"] * len(german)
+
+
+GERMAN = ["der Hund spielt im Garten", "wir trinken heute Abend Kaffee"]

@@ -26,7 +26,7 @@ from tests.support.servers import (
     wav_bytes,
 )
 from tests.support.silence import state_total_samples, write_silent_flac
-from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors
+from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors, word_errors
 from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
@@ -748,3 +748,42 @@ def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server, 
     assert np.isfinite(start_errors(short_clip, short_answer["words"])).mean() >= 0.85
     in_engine = [counts["running"] + counts["waiting"] for counts in held]
     assert max(in_engine) <= 3, in_engine  # 2 windows of the long one, and the short one
+
+
+def test_short_requests_that_wait_together_share_windows_and_keep_their_own_words(server):
+    """Two dozen short clips sent at once: the busy server packs those that wait into shared windows
+    (the stats route counts them), and each answer holds its own clip's words at its own times."""
+    clips = distinct_clips(24)
+    before = server_stats(server)
+
+    async def send_all():
+        client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600, max_retries=0)
+        try:
+            return await asyncio.gather(
+                *(
+                    client.audio.transcriptions.create(
+                        model=SERVED_NAME,
+                        file=(f"{k}.wav", wav_bytes(clip)),
+                        response_format="verbose_json",
+                        timestamp_granularities=["word"],
+                    )
+                    for k, clip in enumerate(clips)
+                )
+            )
+        finally:
+            await client.close()
+
+    results = asyncio.run(send_all())
+    after = server_stats(server)
+    assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
+    assert after["packed_windows"] > before["packed_windows"]
+    for clip, result in zip(clips, results, strict=True):
+        assert result.duration == pytest.approx(clip.duration, abs=1e-3)
+        # its own sentence: nearer its clip's words than any other sentence sent beside it
+        heard = [w.word.strip(" .,").lower() for w in result.words]
+        own = word_errors([w.lower() for w in clip.words], heard)
+        others = [word_errors([w.lower() for w in c.words], heard) for c in clips if c.text != clip.text]
+        assert own < min(others), (clip.text, result.text)
+        assert all(0 <= w.start <= w.end <= clip.duration + 1e-6 for w in result.words)
+    errors = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
+    assert np.mean(errors <= 0.1) >= 0.7

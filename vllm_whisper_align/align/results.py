@@ -196,21 +196,34 @@ def window_matrix(window: DecodedWindow, fetched: dict | None) -> np.ndarray:
     With a method that selects heads (``auto``) they are chosen for this window from the captured pool
     (:func:`timing.select_heads` on the text rows); otherwise they are the model's tuned alignment
     heads. Raises ``ValueError`` with the worker's message when it has nothing for this window."""
-    if fetched is None or "error" in fetched:
-        raise ValueError((fetched or {}).get("error", "no alignment returned"))
+    cross_qk = captured_qk(fetched)
     params = window.alignment
-    assert params is not None  # only windows with a capture are fetched
-    cross_qk = np.frombuffer(fetched["cross_qk"], dtype=np.float32).reshape(fetched["shape"])
+    assert params is not None and fetched is not None  # only windows with a capture are fetched
     text_rows = params.text_rows(len(window.output.token_ids))
-    if method_named(params.alignment_method).selects_heads:
-        scores = timing.head_scores(cross_qk[:, text_rows], params.num_frames, params.medfilt_width)
-        heads = timing.select_heads(scores, fetched["candidate_heads"])
-    else:
-        heads = fetched["tuned_heads"]
+    heads = alignment_heads(cross_qk[:, text_rows], params.num_frames, params, fetched)
     matrix = timing.alignment_matrix(
         cross_qk[heads], params.num_frames, params.medfilt_width, params.qk_scale
     )
     return matrix[text_rows]
+
+
+def captured_qk(fetched: dict | None) -> np.ndarray:
+    """The worker's captured Q·Kᵀ (heads, rows sent, encoder frames); ``ValueError`` with its message
+    where it has none."""
+    if fetched is None or "error" in fetched:
+        raise ValueError((fetched or {}).get("error", "no alignment returned"))
+    return np.frombuffer(fetched["cross_qk"], dtype=np.float32).reshape(fetched["shape"])
+
+
+def alignment_heads(
+    text_qk: np.ndarray, num_frames: int, params: AlignmentParams, fetched: dict
+) -> list[int]:
+    """The heads to align with: the sharpest half of the captured pool on these text rows (a method
+    that selects heads), else the model's tuned heads."""
+    if method_named(params.alignment_method).selects_heads:
+        scores = timing.head_scores(text_qk, num_frames, params.medfilt_width)
+        return timing.select_heads(scores, fetched["candidate_heads"])
+    return list(fetched["tuned_heads"])
 
 
 def window_words(

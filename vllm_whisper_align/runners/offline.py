@@ -36,6 +36,7 @@ from vllm_whisper_align.protocol import (
     WhisperAlignConfig,
 )
 from vllm_whisper_align.runners import decoding, driver
+from vllm_whisper_align.runners.packing import transcriptions
 from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
@@ -90,6 +91,7 @@ class WhisperAligner:
             else None
         )
         self.facts = driver.EngineFacts(self.tokens, tuple(self.suppress_tokens), detection)
+        self.packing = WhisperAlignConfig.from_additional_config(args.get("additional_config")).packing
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""
@@ -112,11 +114,16 @@ class WhisperAligner:
         word_timestamps: bool = True,
         prompt: str | None = None,
         options: TranscriptionOptions | None = None,
+        packing: bool | None = None,
         use_tqdm: bool = False,
         **option_values: Any,
     ) -> list[Transcript]:
         """One transcript per input (``words`` and ``tokens`` when ``word_timestamps``);
         ``Transcript.to_dict()`` is OpenAI's verbose_json body.
+
+        Short inputs share 30 s windows (docs/packing.md) unless ``packing`` is False (None: the
+        engine's ``whisper_align.packing``, on by default): each input then runs alone, its decoder
+        seeing no other input's text.
 
         The decoding options are ``options``, or keyword arguments named as
         ``options.TRANSCRIPTION_OPTIONS`` (each checked): ``temperature`` starts openai-whisper's
@@ -129,19 +136,17 @@ class WhisperAligner:
         """
         options = _options(TranscriptionOptions, options, option_values)
         samples = [_samples(audio) for audio in audios]
-        drivers = [
-            driver.transcription(
-                s,
-                self.facts,
-                language=language,
-                task=task,
-                word_timestamps=word_timestamps,
-                prompt=prompt,
-                options=options,
-            )
-            for s in samples
-        ]
-        return self.run(driver.together(drivers), use_tqdm)
+        work = transcriptions(
+            samples,
+            self.facts,
+            language=language,
+            task=task,
+            word_timestamps=word_timestamps,
+            prompt=prompt,
+            options=options,
+            pack=self.packing if packing is None else packing,
+        )
+        return self.run(work, use_tqdm)
 
     def align(
         self,

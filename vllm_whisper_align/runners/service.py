@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from itertools import islice
 from typing import Any
@@ -26,6 +26,7 @@ from vllm_whisper_align.align.results import Transcript, WindowResult
 from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.engine.settings import encoder_rows_per_step
 from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
@@ -35,8 +36,9 @@ from vllm_whisper_align.protocol import (
     RPC_NO_SPEECH,
     RPC_RETURN_IDLE_MEMORY,
     RPC_STATS,
+    WhisperAlignConfig,
 )
-from vllm_whisper_align.runners import decoding, driver
+from vllm_whisper_align.runners import decoding, driver, packing
 from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
@@ -51,6 +53,14 @@ def windows_in_flight(vllm_config: Any) -> int:
     keeps every engine full.
     """
     return vllm_config.scheduler_config.max_num_seqs * vllm_config.parallel_config.data_parallel_size
+
+
+def encoder_windows_per_step(vllm_config: Any) -> int:
+    """How many windows' encoders one engine step starts: while that many windows of short requests
+    wait for the engines to start them, a short request waits to be packed with those that come
+    beside it (``packing.PackQueue``)."""
+    rows = encoder_rows_per_step(vllm_config)
+    return max(1, rows // vllm_config.model_config.hf_config.max_source_positions)
 
 
 # A streamed answer's first windows enter the engines alone, the others once they are done: its first
@@ -78,6 +88,11 @@ class AlignmentService:
         self._requests_in_flight = 0
         self._requests_started = 0
         self._idle_tasks: set[asyncio.Task] = set()
+        config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
+        self.packing = config.packing
+        self.packer = packing.PackQueue(
+            self.run, self.facts, encoder_windows_per_step(engine_client.vllm_config)
+        )
 
     @classmethod
     async def create(cls, engine_client: Any, max_audio_s: float = math.inf) -> AlignmentService:
@@ -131,6 +146,19 @@ class AlignmentService:
         options: TranscriptionOptions | None = None,
     ) -> Transcript:
         self.check_duration(samples)
+        options = options or TranscriptionOptions()
+        if self.packing and await asyncio.to_thread(
+            packing.packable,
+            samples,
+            self.facts,
+            language=language,
+            word_timestamps=word_timestamps,
+            prompt=prompt,
+            options=options,
+        ):
+            return await self.packer.transcribe(
+                samples, request_id=request_id, language=language, task=task, options=options
+            )
         work = driver.transcription(
             samples,
             self.facts,
@@ -222,11 +250,14 @@ class AlignmentService:
             await carrier.abandon(error)
             raise
 
-    async def run(self, work: driver.Driver, request_id: str) -> Any:
+    async def run(
+        self, work: driver.Driver, request_id: str, on_output: Callable[[], None] | None = None
+    ) -> Any:
         """``work``'s commands carried out on the engines, at most ``windows_in_flight`` of its engine
-        requests at a time (one request's share). Cancelled (the client went away), it aborts the
-        engine requests it started and drops what was captured for them."""
-        carrier = _Carrier(self, request_id)
+        requests at a time (one request's share); ``on_output`` is called at each one's first output
+        (the engines have started it). Cancelled (the client went away), it aborts the engine requests
+        it started and drops what was captured for them."""
+        carrier = _Carrier(self, request_id, on_output)
         try:
             return await carrier.carry_out(work)
         except asyncio.CancelledError as error:
@@ -250,7 +281,7 @@ class AlignmentService:
 
     async def stats(self) -> dict[str, int]:
         """What the engines hold for word timestamps, summed, and the requests in flight here."""
-        totals: dict[str, int] = {"requests_in_flight": self._requests_in_flight}
+        totals: dict[str, int] = {"requests_in_flight": self._requests_in_flight, **self.packer.counts}
         for engine_stats in await self._rpc_all_engines(RPC_STATS):
             for name, value in engine_stats.items():
                 totals[name] = totals.get(name, 0) + value
@@ -280,8 +311,11 @@ class _Carrier:
     once: its share of the engines (``windows_in_flight`` engine requests at a time), and what it has
     started and captured, to abort and drop when the request is abandoned."""
 
-    def __init__(self, service: AlignmentService, request_id: str):
+    def __init__(
+        self, service: AlignmentService, request_id: str, on_output: Callable[[], None] | None = None
+    ):
         self.service, self.request_id = service, request_id
+        self.on_output = on_output
         self.slots = asyncio.Semaphore(service.windows_in_flight)
         self.started: list[str] = []
         self.keys: list[str] = []
@@ -311,6 +345,8 @@ class _Carrier:
             async for output in self.service.engine_client.generate(
                 request.prompt, request.sampling_params, engine_id
             ):
+                if final is None and self.on_output is not None:
+                    self.on_output()
                 final = output
             return final
 

