@@ -99,39 +99,50 @@ def accuracy(clips, results: dict) -> dict:
     }
 
 
-async def measure(base: str, sets: dict, clients: int) -> dict:
+async def measure(base: str, sets: dict, clients: int, rounds: int) -> dict:
+    """Each set ``rounds`` times, one set after another within a round; medians of the rounds."""
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", timeout=1800, max_retries=0)
     model_id = (await client.models.list()).data[0].id
-    rows = {}
-    for name, clips in sets.items():
-        items = [{"id": f"c{i}", "duration": len(c.samples) / SAMPLE_RATE} for i, c in enumerate(clips)]
-        blobs = {f"c{i}": wav(c.samples) for i, c in enumerate(clips)}
-        if not rows:  # warm-up: the first set's first clips
-            await one_pass(client, model_id, items[:clients], blobs, clients, True)
-        wall, results = await one_pass(client, model_id, items, blobs, clients, True)
-        audio_s = sum(i["duration"] for i in items)
-        latencies = [r["latency_s"] for r in results.values()]
-        rows[name] = {
-            "clips": len(clips),
-            "audio_s": round(audio_s, 1),
-            "wall_s": round(wall, 2),
-            "audio_s_per_wall_s": round(audio_s / wall, 2),
-            "p50_latency_s": round(float(np.median(latencies)), 3),
-            **accuracy(clips, results),
-        }
-        print(f"[clip_lengths] {name}: {rows[name]}", flush=True)
+    passes: dict[str, list[dict]] = {name: [] for name in sets}
+    for round_index in range(rounds):
+        for name, clips in sets.items():
+            items = [{"id": f"c{i}", "duration": len(c.samples) / SAMPLE_RATE} for i, c in enumerate(clips)]
+            blobs = {f"c{i}": wav(c.samples) for i, c in enumerate(clips)}
+            if round_index == 0 and not any(passes.values()):  # warm-up: the first set's first clips
+                await one_pass(client, model_id, items[:clients], blobs, clients, True)
+            wall, results = await one_pass(client, model_id, items, blobs, clients, True)
+            audio_s = sum(i["duration"] for i in items)
+            passes[name].append(
+                {
+                    "audio_s": audio_s,
+                    "audio_s_per_wall_s": audio_s / wall,
+                    "p50_latency_s": float(np.median([r["latency_s"] for r in results.values()])),
+                    **accuracy(clips, results),
+                }
+            )
+            print(f"[clip_lengths] {name}, round {round_index + 1}: {passes[name][-1]}", flush=True)
     await client.close()
-    return rows
+    return {name: {"clips": len(sets[name]), **medians(runs)} for name, runs in passes.items()}
 
 
-def run_server(flags: tuple, sets: dict, clients: int, log: Path) -> dict:
+def medians(runs: list[dict]) -> dict:
+    return {
+        key: round(float(np.median([run[key] for run in runs])), 3 if "latency" in key else 1)
+        for key in runs[0]
+    } | {
+        "rounds": len(runs),
+        "audio_s_per_wall_s_each": [round(run["audio_s_per_wall_s"], 2) for run in runs],
+    }
+
+
+def run_server(flags: tuple, sets: dict, clients: int, rounds: int, log: Path) -> dict:
     port = free_port()
     proc = start_server(None, "default", 32, port, log, flags)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
-        return asyncio.run(measure(f"http://127.0.0.1:{port}", sets, clients))
+        return asyncio.run(measure(f"http://127.0.0.1:{port}", sets, clients, rounds))
     finally:
         stop_server(proc)
 
@@ -183,7 +194,7 @@ def report(result: dict) -> str:
         f"### Run of {result['date']}, {result['cpu']}",
         "",
         f"`{result['command']}`: `serve`'s defaults, {result['clients']} clients, verbose_json with words; "
-        "one run.",
+        f"medians of {result['rounds']} rounds (faster-whisper: one).",
         "",
         "| clips | packed audio-s/wall-s | unpacked | packed / unpacked | faster-whisper int8 | "
         "words heard packed / unpacked / f-w | starts within 50 ms packed / unpacked / f-w | "
@@ -206,6 +217,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", default="2,8,28", help="clip lengths in seconds")
     parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="passes over every set per server (medians)")
     parser.add_argument("--no-peer", action="store_true", help="leave faster-whisper out")
     args = parser.parse_args()
     whole = recording(make_continuous, ALIGN_MIN_SECONDS)
@@ -216,10 +228,13 @@ def main() -> None:
         "cpu": cpu(),
         "python": platform.python_version(),
         "clients": args.clients,
+        "rounds": args.rounds,
         "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py "
         + shlex.join(sys.argv[1:]),
         "servers": {
-            name: run_server(flags, sets, args.clients, OUT / "logs" / f"clip_lengths.{name}.log")
+            name: run_server(
+                flags, sets, args.clients, args.rounds, OUT / "logs" / f"clip_lengths.{name}.log"
+            )
             for name, flags in SERVERS.items()
         },
     }

@@ -3,14 +3,15 @@ splits the answer back): one encoder pass and one decode for inputs that each wo
 30 s window.
 
 :func:`packed_window` is the one pack's work, a driver as ``runners.driver``'s: the window decoded
-greedily, its capture fetched, each input's words split back by time and timed on its own block of
-the attention. An input that cannot be split from its neighbours, or whose own text fails
-openai-whisper's fallback test, comes back None, and runs again alone with the full fallback
-(:func:`packed_transcriptions`): packing never loses or moves a word that the input alone would have.
+greedily, its capture fetched, each input's words split back by attention and timed on its own block
+of it. An input that cannot be split from its neighbours, or whose own text fails
+openai-whisper's fallback test, comes back without a transcript: the first is packed once more, then
+runs alone with the full fallback, the second runs alone at once (:func:`packed_transcriptions`):
+packing never loses or moves a word that the input alone would have.
 
 Where it applies: inputs that wait together. The offline API packs the inputs of one call
 (:func:`transcriptions`); the server and the corpus job pack the requests that wait for the engine
-together (:class:`PackQueue`), never holding one back while the engine has room for it.
+together (:class:`PackQueue`): a request on an idle queue goes in at once, alone.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ from vllm_whisper_align.runners.driver import (
 )
 
 logger = get_logger(__name__)
+
+# What packed_window answers for an input whose own text fails openai-whisper's fallback test: it runs
+# alone at once (its window was read; another window would read it as badly). None: not split from
+# its neighbours, worth one more window.
+ALONE = "alone"
 
 
 def packable(
@@ -81,9 +87,10 @@ def packed_window(
     language: str | None,
     task: str,
     options: TranscriptionOptions,
-) -> Generator[Command, Any, list[Transcript | None]]:
+) -> Generator[Command, Any, list[Transcript | str | None]]:
     """``inputs`` (each :func:`packable`, that fit one window together) transcribed in one window:
-    each one's transcript, or None where it runs again alone."""
+    each one's transcript, or None where it was not split from its neighbours (packed again), or ALONE
+    where its own text fails the fallback test (it runs alone)."""
     tokens = facts.tokens
     laid = packing.pack(inputs)
     plan = decoding.plan_transcription(
@@ -108,7 +115,7 @@ def packed_window(
     answer = next((a for a in fetched if a.get("key") == window.alignment.key), None)
     info = plan.info
 
-    def split() -> list[Transcript | None]:
+    def split() -> list[Transcript | str | None]:
         try:
             parts = split_window(laid, inputs, output, window.alignment, answer, tokens, info.language)
         except ValueError as failure:  # no capture for the window: every input runs alone
@@ -131,10 +138,13 @@ def _transcript(
     info: RequestInfo,
     tokens: Any,
     options: TranscriptionOptions,
-) -> Transcript | None:
-    """One input's transcript from its part of the window; None where it runs alone."""
-    if part is None or decoding.needs_fallback(part.window.output, options.fallback):
+) -> Transcript | str | None:
+    """One input's transcript from its part of the window; None where it was not split, ALONE where
+    its own text fails the fallback test."""
+    if part is None:
         return None
+    if decoding.needs_fallback(part.window.output, options.fallback):
+        return ALONE
     in_order = InOrder(tokens, replace(info, duration=len(samples) / SAMPLE_RATE))
     in_order.add(part)
     return in_order.transcript()
@@ -303,10 +313,10 @@ class PackQueue:
                 elif item.carried_by is not None and all(other.gone for other in item.group):
                     item.carried_by.cancel()  # its engine requests are aborted, their captures dropped
                 raise
-            if result is not None:
+            if isinstance(result, Transcript):
                 return result
             item.packings += 1
-            if item.packings >= PACKINGS:  # it could not be split from its packs: alone, as its own request
+            if result == ALONE or item.packings >= PACKINGS:  # alone, as its own request
                 self.counts["packed_inputs_run_alone"] += 1
                 return await self.run(self._alone(item), request_id, lambda: None)
             # packed again with whoever waits first, ahead of those that came after it
