@@ -1,5 +1,5 @@
 # Every target creates .venv/ (and installs what it needs) on first use: see scripts/bootstrap.
-.PHONY: serve test test-fast lint demo bench bench-streaming venv
+.PHONY: serve test test-fast lint demo bench bench-streaming bench-clips venv
 
 PY := .venv/bin/python
 PORT ?= 8000
@@ -33,3 +33,7 @@ bench: venv
 # exclusive lock, as every benchmark on a shared machine.
 bench-streaming: venv
 	flock -x /tmp/vwa-bench.lock $(PY) benchmarks/streaming_bench.py
+
+# Short clips through serve, packed and unpacked, and faster-whisper beside them (about 15 minutes).
+bench-clips: venv
+	flock -x /tmp/vwa-bench.lock $(PY) benchmarks/clip_lengths.py

@@ -25,6 +25,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "runners"))
 import envs  # noqa: E402
 from audio import ALIGN_MIN_SECONDS, make_continuous, recording  # noqa: E402
-from vllm_http_run import free_port, one_pass, start_server, stop_server, wait_healthy  # noqa: E402
+from vllm_http_run import (  # noqa: E402
+    capture_stats,
+    free_port,
+    idle_server,
+    one_pass,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.speech import SpokenClip, start_errors, write_wav  # noqa: E402
@@ -50,6 +59,8 @@ SERVERS = {
     "unpacked": ("--additional-config", json.dumps({"whisper_align": {"packing": False}})),
 }
 WITHIN_S = 0.05
+# Sets whose name starts so are force-aligned with their truth text (/v1/audio/alignments), not transcribed.
+FORCED = "forced: "
 
 
 def cut(whole: SpokenClip, seconds: float) -> list[SpokenClip]:
@@ -112,7 +123,17 @@ async def measure(base: str, sets: dict, clients: int, rounds: int) -> dict:
             blobs = {f"c{i}": wav(c.samples) for i, c in enumerate(clips)}
             if round_index == 0 and not any(passes.values()):  # warm-up: the first set's first clips
                 await one_pass(client, model_id, items[:clients], blobs, clients, True)
-            wall, results = await one_pass(client, model_id, items, blobs, clients, True)
+            # Every pass starts as new audio would: the server, idle, has emptied its encoder cache, so
+            # no window takes its encoder output from the pass before.
+            await idle_server(base, (await capture_stats(base)).get("heap_returns", 0))
+            if cached := (await capture_stats(base)).get("encoder_cache_entries", 0):
+                raise RuntimeError(f"the encoder cache still holds {cached} windows before a pass")
+            if name.startswith(FORCED):
+                wall, results = await align_pass(base, model_id, clips, blobs, clients)
+                items = [i for i, c in zip(items, clips, strict=True) if c.words]
+                clips = [c for c in clips if c.words]
+            else:
+                wall, results = await one_pass(client, model_id, items, blobs, clients, True)
             audio_s = sum(i["duration"] for i in items)
             passes[name].append(
                 {
@@ -125,6 +146,33 @@ async def measure(base: str, sets: dict, clients: int, rounds: int) -> dict:
             print(f"[clip_lengths] {name}, round {round_index + 1}: {passes[name][-1]}", flush=True)
     await client.close()
     return {name: {"clips": len(sets[name]), **medians(runs)} for name, runs in passes.items()}
+
+
+async def align_pass(base: str, model_id: str, clips, blobs: dict, clients: int) -> tuple[float, dict]:
+    """Every clip force-aligned with its truth text on /v1/audio/alignments, ``clients`` at a time."""
+    import httpx
+
+    semaphore = asyncio.Semaphore(clients)
+
+    async def send(http, index: int, clip) -> tuple[str, dict]:
+        async with semaphore:
+            start = time.perf_counter()
+            response = await http.post(
+                f"{base}/v1/audio/alignments",
+                files={"file": ("clip.wav", blobs[f"c{index}"], "audio/wav")},
+                data={"model": model_id, "text": " ".join(clip.words), "response_format": "json"},
+                timeout=1800,
+            )
+            response.raise_for_status()
+            words = [
+                {"word": w["word"], "start": w["start"], "end": w["end"]} for w in response.json()["words"]
+            ]
+            return f"c{index}", {"words": words, "latency_s": time.perf_counter() - start}
+
+    async with httpx.AsyncClient() as http:
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(send(http, i, c) for i, c in enumerate(clips) if c.words))
+        return time.perf_counter() - t0, dict(results)
 
 
 def medians(runs: list[dict]) -> dict:
@@ -154,6 +202,8 @@ def faster_whisper(sets: dict) -> dict:
     python = envs.ensure("faster-whisper")
     rows = {}
     for name, clips in sets.items():
+        if name.startswith(FORCED):  # faster-whisper has no forced alignment
+            continue
         folder = OUT / "clips" / name.replace(" ", "_")
         folder.mkdir(parents=True, exist_ok=True)
         manifest = []
@@ -193,7 +243,8 @@ def report(result: dict) -> str:
     lines = [
         f"### Run of {result['date']}, {result['cpu']}",
         "",
-        f"`{result['command']}`: `serve`'s defaults, {result['clients']} clients, verbose_json with words; "
+        f"`{result['command']}`: `serve`'s defaults, each pass on an idle server with its encoder cache "
+        f"empty, {result['clients']} clients, verbose_json with words; "
         f"medians of {result['rounds']} rounds (faster-whisper: one).",
         "",
         "| clips | packed audio-s/wall-s | unpacked | packed / unpacked | faster-whisper int8 | "
@@ -223,6 +274,8 @@ def main() -> None:
     whole = recording(make_continuous, ALIGN_MIN_SECONDS)
     sets = {f"{s} s": cut(whole, float(s)) for s in args.lengths.split(",")}
     sets["real speech"] = list(real_speech.load_clips(log=lambda *_: None))
+    sets[f"{FORCED}8 s"] = sets["8 s"] if "8 s" in sets else cut(whole, 8.0)
+    sets[f"{FORCED}real speech"] = sets["real speech"]
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu(),

@@ -120,3 +120,25 @@ def test_speech_cut_at_an_inputs_end_stays_in_that_input(aligner, clips):
         errors = start_errors(clip, p.words)
         assert np.mean(errors[~np.isnan(errors)] <= 0.1) >= 0.7, p.text
         assert len(p.words) <= len(s.words) + 2, (p.text, s.text)
+
+
+def test_forced_alignments_packed_start_where_they_start_alone(aligner, short_clips, engine_requests):
+    """Given texts packed in order split exactly: every word comes back, each input's words at the
+    times alone gives them (its own block of the attention), and against the truth as near."""
+    inputs, texts = [c.samples for c in short_clips], [c.text for c in short_clips]
+    packed = aligner.align(inputs, texts)
+    assert engine_requests.count <= len(short_clips) // 3
+    single = aligner.align(inputs, texts, packing=False)
+    offsets = []
+    for p, s in zip(packed, single, strict=True):
+        assert [w.word for w in p.words] == [w.word for w in s.words]
+        offsets += [abs(a.start - b.start) for a, b in zip(p.words, s.words, strict=True)]
+    offsets = np.array(offsets)
+    print(f"\nforced, packed against alone: {np.mean(offsets <= SAME_START_S):.1%} within 20 ms")
+    assert np.mean(offsets <= SAME_START_S) >= 0.8
+    near = {}
+    for name, results in (("packed", packed), ("alone", single)):
+        errors = np.concatenate([start_errors(c, r.words) for c, r in zip(short_clips, results, strict=True)])
+        near[name] = np.mean(errors[~np.isnan(errors)] <= 0.05)
+    print(f"forced, starts within 50 ms of the truth: {near}")
+    assert near["packed"] >= near["alone"] - 0.03

@@ -31,12 +31,18 @@ def test_inputs_start_on_encoder_frames_with_a_gap_of_silence_between():
 
 def test_windows_fill_in_order_and_never_overflow():
     lengths = [8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 8 * SAMPLE_RATE, 2 * SAMPLE_RATE]
-    windows = packing.groups(lengths)
+    windows = packs_of(lengths)
     assert windows == [[0, 1, 2], [3, 4]]
     for window in windows:
         assert packing.fits([lengths[i] for i in window])
     # 2 s clips: 3 s a clip with its gap, so ten to a window
-    assert [len(w) for w in packing.groups([2 * SAMPLE_RATE] * 25)] == [10, 10, 5]
+    assert [len(w) for w in packs_of([2 * SAMPLE_RATE] * 25)] == [10, 10, 5]
+
+
+def test_forced_texts_that_overflow_the_decoder_start_another_window():
+    lengths = [2 * SAMPLE_RATE] * 4
+    assert packs_of(lengths, [100, 100, 100, 100], 250) == [[0, 1], [2, 3]]
+    assert packs_of(lengths, [100, 200, 100, 100], 250) == [[2, 3]]  # 0 and 1 each alone
 
 
 def test_only_inputs_that_fit_twice_are_packable():

@@ -128,7 +128,14 @@ def part_output(output: WindowOutput, first: int, stop: int, tokens: WhisperToke
         compression_ratio=compression_ratio(tokens.decode(token_ids).strip()),
         no_speech_prob=output.no_speech_prob,
         temperature=output.temperature,
+        token_ranks=None if output.token_ranks is None else output.token_ranks[first:stop],
     )
+
+
+def given_ranges(counts: Sequence[int]) -> list[tuple[int, int] | None]:
+    """The token ranges of given texts packed in order (forced alignment: the split is exact)."""
+    stops = np.cumsum(counts)
+    return [(int(stop - count), int(stop)) for count, stop in zip(counts, stops, strict=True)]
 
 
 def block_matrix(
@@ -154,15 +161,20 @@ def split_window(
     fetched: dict,
     tokens: WhisperTokens,
     language: str,
+    forced: Sequence[int] | None = None,
 ) -> list[TimedWindow | None]:
     """Each input's window with its own token times, as if it had been decoded alone; None for an
-    input that must run alone. ``ValueError`` where the worker has no capture for the window."""
-    whole = DecodedWindow(AudioChunk.whole(packed.samples), output, params)
-    scores = input_scores(window_matrix(whole, fetched), packed)
-    groups = word_groups(output.token_ids, tokens, language)
+    input that must run alone. ``forced``: the token counts of given texts packed in order, which split
+    the window exactly. ``ValueError`` where the worker has no capture for the window."""
+    if forced is None:
+        whole = DecodedWindow(AudioChunk.whole(packed.samples), output, params)
+        scores = input_scores(window_matrix(whole, fetched), packed)
+        ranges = token_ranges(scores, word_groups(output.token_ids, tokens, language), len(packed))
+    else:
+        ranges = given_ranges(forced)
     cross_qk = captured_qk(fetched)
     parts: list[tuple[DecodedWindow, np.ndarray] | None] = []
-    for index, span in enumerate(token_ranges(scores, groups, len(packed))):
+    for index, span in enumerate(ranges):
         if span is None:
             parts.append(None)
             continue
@@ -171,6 +183,7 @@ def split_window(
             AudioChunk.whole(samples),
             part_output(output, *span, tokens),
             replace(params, num_frames=num_mel_frames(len(samples))),
+            forced=forced is not None,
         )
         parts.append((window, block_matrix(cross_qk, params, fetched, *span, packed.frames(index))))
     kept = [part for part in parts if part is not None]

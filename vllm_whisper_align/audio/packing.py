@@ -53,22 +53,6 @@ class Packed:
         return start, start + self.lengths[index] / SAMPLE_RATE
 
 
-def groups(lengths: Sequence[int]) -> list[list[int]]:
-    """Inputs (by index, each :func:`packable_length`) into windows, in order: each input joins the
-    current window where it fits after a gap, else starts the next."""
-    windows: list[list[int]] = []
-    used = N_SAMPLES  # nothing fits: the first input opens a window
-    for index, length in enumerate(lengths):
-        needed = GAP_SAMPLES + on_frame(length)
-        if used + needed <= N_SAMPLES:
-            windows[-1].append(index)
-            used += needed
-        else:
-            windows.append([index])
-            used = on_frame(length)
-    return windows
-
-
 def fits(lengths: Sequence[int]) -> bool:
     """Whether inputs of these lengths fit one window together."""
     return sum(on_frame(n) for n in lengths) + GAP_SAMPLES * (len(lengths) - 1) <= N_SAMPLES

@@ -36,7 +36,7 @@ from vllm_whisper_align.protocol import (
     WhisperAlignConfig,
 )
 from vllm_whisper_align.runners import decoding, driver
-from vllm_whisper_align.runners.packing import transcriptions
+from vllm_whisper_align.runners.packing import alignments, transcriptions
 from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
@@ -156,12 +156,14 @@ class WhisperAligner:
         token_ids: Sequence[Sequence[int]] | None = None,
         language: str | None = None,
         options: AlignmentOptions | None = None,
+        packing: bool | None = None,
         use_tqdm: bool = False,
         **option_values: Any,
     ) -> list[Transcript]:
         """Word and token times of text the model did not produce; audio of any length (over one
         window: ``longform``), every word with ``aligned``. ``alignment_method`` (or ``options``) as in
-        :meth:`transcribe`, and "characters" for audio of one window."""
+        :meth:`transcribe`, and "characters" for audio of one window. Short inputs share windows, their
+        texts forced in order, unless ``packing`` is False (as in :meth:`transcribe`)."""
         options = _options(AlignmentOptions, options, option_values)
         if (texts is None) == (token_ids is None):
             raise OptionError("give either texts or token_ids", "text")
@@ -169,13 +171,16 @@ class WhisperAligner:
         if len(items) != len(audios):
             raise OptionError(f"{len(audios)} audios but {len(items)} texts", "text")
         nothing = [None] * len(items)
-        drivers = [
-            driver.alignment(
-                _samples(audio), self.facts, text=text, token_ids=ids, language=language, options=options
-            )
-            for audio, text, ids in zip(audios, texts or nothing, token_ids or nothing, strict=True)
-        ]
-        return self.run(driver.together(drivers), use_tqdm)
+        work = alignments(
+            [_samples(audio) for audio in audios],
+            texts or nothing,
+            token_ids or nothing,
+            self.facts,
+            language=language,
+            options=options,
+            pack=self.packing if packing is None else packing,
+        )
+        return self.run(work, use_tqdm)
 
     def detect_languages(self, samples: Sequence[np.ndarray]) -> list[str]:
         if self.facts.language_detection is None:

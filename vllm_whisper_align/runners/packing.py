@@ -29,8 +29,9 @@ from vllm_whisper_align.align.results import InOrder, RequestInfo, TimedWindow, 
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.options import TranscriptionOptions
+from vllm_whisper_align.options import AlignmentOptions, FallbackOptions, TranscriptionOptions
 from vllm_whisper_align.runners import decoding
 from vllm_whisper_align.runners.driver import (
     Command,
@@ -39,10 +40,12 @@ from vllm_whisper_align.runners.driver import (
     Driver,
     EngineFacts,
     Fetch,
+    alignment,
     decode_windows,
     together,
     transcription,
 )
+from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 
@@ -111,43 +114,189 @@ def packed_window(
     if decoding.is_silent(output, plan.fallback):
         yield Discard([window.alignment.key])
         return [None] * len(inputs)
+    [transcripts] = yield from _split(laid, inputs, plan, outputs, tokens, plan.fallback)
+    return transcripts
+
+
+def _split(
+    laid: packing.Packed,
+    inputs: Sequence[np.ndarray],
+    plan: decoding.Plan,
+    outputs: list,
+    tokens: WhisperTokens,
+    fallback: FallbackOptions | None,
+    forced: Sequence[int] | None = None,
+) -> Generator[Command, Any, list[list[Transcript | str | None]]]:
+    """The window's capture fetched and split into each input's transcript (:func:`_transcript`)."""
+    window, output = plan.windows[0], outputs[0]
     fetched = yield Fetch(decoding.alignment_requests(plan, outputs))
     answer = next((a for a in fetched if a.get("key") == window.alignment.key), None)
     info = plan.info
 
     def split() -> list[Transcript | str | None]:
         try:
-            parts = split_window(laid, inputs, output, window.alignment, answer, tokens, info.language)
+            parts = split_window(
+                laid, inputs, output, window.alignment, answer, tokens, info.language, forced
+            )
         except ValueError as failure:  # no capture for the window: every input runs alone
             logger.warning(
                 "whisper-align: a packed window has no capture (%s); its inputs run alone", failure
             )
             return [None] * len(inputs)
         return [
-            _transcript(part, samples, info, tokens, options)
+            _transcript(part, samples, info, tokens, fallback)
             for part, samples in zip(parts, inputs, strict=True)
         ]
 
-    [transcripts] = yield Compute([split])
-    return transcripts
+    return (yield Compute([split]))
 
 
 def _transcript(
     part: TimedWindow | None,
     samples: np.ndarray,
     info: RequestInfo,
-    tokens: Any,
-    options: TranscriptionOptions,
+    tokens: WhisperTokens,
+    fallback: FallbackOptions | None,
 ) -> Transcript | str | None:
     """One input's transcript from its part of the window; None where it was not split, ALONE where
-    its own text fails the fallback test."""
+    its own text fails the fallback test (``fallback``; None: given text, never tested)."""
     if part is None:
         return None
-    if decoding.needs_fallback(part.window.output, options.fallback):
+    if fallback is not None and decoding.needs_fallback(part.window.output, fallback):
         return ALONE
     in_order = InOrder(tokens, replace(info, duration=len(samples) / SAMPLE_RATE))
     in_order.add(part)
     return in_order.transcript()
+
+
+# ---------------------------------------------------------------------------- forced alignment
+
+
+def alignable(
+    samples: Any, given: Sequence[int] | None, tokens: WhisperTokens, options: AlignmentOptions
+) -> bool:
+    """Whether a forced alignment may share a window: short enough that two fit one, its text given as
+    tokens that fit the decoder beside another's (``given``: None where the text is not valid: the
+    alignment alone says why), aligned by tokens (not characters)."""
+    return (
+        given is not None
+        and isinstance(samples, np.ndarray)
+        and packing.packable_length(len(samples))
+        and decoding.can_align(len(samples))
+        and not options.method.forces_characters
+        and 2 * len(given) <= tokens.alignment_room(None)
+    )
+
+
+def given_tokens(
+    text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens
+) -> list[int] | None:
+    """The text's tokens as a forced alignment reads them; None where they are not valid."""
+    try:
+        return decoding.text_to_tokens(text, token_ids, tokens)
+    except AlignmentInputError:
+        return None
+
+
+def packed_alignment_window(
+    inputs: Sequence[np.ndarray],
+    given: Sequence[Sequence[int]],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    options: AlignmentOptions,
+) -> Generator[Command, Any, list[Transcript | str | None]]:
+    """Forced alignments (each :func:`alignable`, that fit one window and the decoder together) in one
+    window: their texts forced in order, so each input's tokens are known; each one's transcript (None:
+    no capture, it runs alone)."""
+    tokens = facts.tokens
+    laid = packing.pack(inputs)
+    plan = decoding.plan_alignment(
+        laid.samples,
+        tokens,
+        token_ids=[token for ids in given for token in ids],
+        language=language,
+        alignment_method=options.alignment_method,
+    )
+    outputs: list[decoding.WindowOutput | None] = [None]
+    yield from decode_windows(plan, outputs, [0], tokens)
+    counts = [len(ids) for ids in given]
+    [transcripts] = yield from _split(laid, inputs, plan, outputs, tokens, None, counts)
+    return transcripts
+
+
+def packed_alignments(
+    inputs: Sequence[np.ndarray],
+    given: Sequence[Sequence[int]],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    options: AlignmentOptions,
+) -> Generator[Command, Any, list[Transcript]]:
+    """:func:`packed_alignment_window`, and the inputs it gives back aligned alone."""
+    results = yield from packed_alignment_window(inputs, given, facts, language=language, options=options)
+    alone = [k for k, result in enumerate(results) if not isinstance(result, Transcript)]
+    work = [
+        alignment(inputs[k], facts, token_ids=given[k], language=language, options=options) for k in alone
+    ]
+    for k, result in zip(alone, (yield from together(work, prefix="alone")), strict=True):
+        results[k] = result
+    return results  # type: ignore[return-value]
+
+
+def alignments(
+    samples: Sequence[Any],
+    texts: Sequence[str | None],
+    token_ids: Sequence[Sequence[int] | None],
+    facts: EngineFacts,
+    *,
+    language: str | None,
+    options: AlignmentOptions,
+    pack: bool = True,
+) -> Generator[Command, Any, list[Transcript]]:
+    """Many forced alignments as :func:`driver.alignment` each, the short ones packed in order
+    (:func:`alignable`) unless ``pack`` is off."""
+    tokens = facts.tokens
+    tokens.check_language(language)
+    given = [
+        given_tokens(text, ids, tokens) if pack else None for text, ids in zip(texts, token_ids, strict=True)
+    ]
+    flags = [alignable(s, g, tokens, options) for s, g in zip(samples, given, strict=True)]
+    packed = packs_of(
+        [len(s) if flag else None for s, flag in zip(samples, flags, strict=True)],
+        [len(g or ()) for g in given],
+        tokens.alignment_room(language),
+    )
+    in_packs = {i for pack_ in packed for i in pack_}
+    alone = [i for i in range(len(samples)) if i not in in_packs]
+    work: list[Driver] = [
+        packed_alignments(
+            [samples[i] for i in group],
+            [given[i] or [] for i in group],
+            facts,
+            language=language,
+            options=options,
+        )
+        for group in packed
+    ]
+    work += [
+        alignment(
+            samples[i], facts, text=texts[i], token_ids=token_ids[i], language=language, options=options
+        )
+        for i in alone
+    ]
+    return _in_order(len(samples), packed, alone, (yield from together(work)))
+
+
+def _in_order(count: int, packed: list[list[int]], alone: list[int], answers: list) -> list:
+    """The answers of the packs' drivers, then of the inputs alone, back in the inputs' order."""
+    results: list[Any] = [None] * count
+    for group, transcripts in zip(packed, answers, strict=False):
+        for i, transcript in zip(group, transcripts, strict=True):
+            results[i] = transcript
+    for i, transcript in zip(alone, answers[len(packed) :], strict=True):
+        results[i] = transcript
+    return results
 
 
 # How many windows an input is packed into before it runs alone: a second one takes the inputs a
@@ -201,6 +350,7 @@ def transcriptions(
     """Many inputs transcribed as :func:`driver.transcription` each, the short ones packed in order
     (:func:`packable`) unless ``pack`` is off."""
     options = options or TranscriptionOptions()
+    facts.tokens.check_language(language, task)
 
     def short(s: Any) -> bool:
         return packable(
@@ -229,22 +379,28 @@ def transcriptions(
         )
         for i in alone
     ]
-    answers = yield from together(work)
-    results: list[Transcript | None] = [None] * len(samples)
-    for pack, transcripts in zip(packed, answers, strict=False):
-        for i, transcript in zip(pack, transcripts, strict=True):
-            results[i] = transcript
-    for i, transcript in zip(alone, answers[len(packed) :], strict=True):
-        results[i] = transcript
-    return results  # type: ignore[return-value]
+    return _in_order(len(samples), packed, alone, (yield from together(work)))
 
 
-def packs_of(lengths: Sequence[int | None]) -> list[list[int]]:
+def packs_of(
+    lengths: Sequence[int | None], token_counts: Sequence[int] | None = None, token_room: int = 0
+) -> list[list[int]]:
     """The inputs (by index) that share windows, two or more to a window, in order: those with a length
-    (None: not packable)."""
-    members = [i for i, length in enumerate(lengths) if length is not None]
-    groups = packing.groups([lengths[i] for i in members])  # type: ignore[misc]
-    return [[members[k] for k in group] for group in groups if len(group) > 1]
+    (None: not packable); with ``token_counts`` (forced texts), no more than ``token_room`` tokens to a
+    window."""
+    groups: list[list[int]] = []
+    for index, length in enumerate(lengths):
+        if length is None:
+            continue
+        group = groups[-1] if groups else []
+        fits = packing.fits([*(lengths[i] for i in group), length])  # type: ignore[misc]
+        if token_counts is not None:
+            fits = fits and sum(token_counts[i] for i in [*group, index]) <= token_room
+        if group and fits:
+            group.append(index)
+        else:
+            groups.append([index])
+    return [group for group in groups if len(group) > 1]
 
 
 # ---------------------------------------------------------------------------- waiting together
@@ -252,13 +408,15 @@ def packs_of(lengths: Sequence[int | None]) -> list[list[int]]:
 
 @dataclass(eq=False)  # each is itself: the queue finds and removes it by identity
 class _Waiting:
-    """A short transcription waiting for the engine, and where its answer goes."""
+    """A short request waiting for the engine, and where its answer goes: a transcription, or a forced
+    alignment of ``given`` tokens."""
 
     samples: np.ndarray
     language: str | None
     task: str
-    options: TranscriptionOptions
+    options: TranscriptionOptions | AlignmentOptions
     request_id: str
+    given: list[int] | None = None
     answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     # Once taken: the window's task, and everyone in it (a window whose requests all went away stops).
     carried_by: asyncio.Task | None = None
@@ -277,10 +435,11 @@ Run = Callable[[Driver, str, Callable[[], None]], Awaitable[Any]]
 
 
 class PackQueue:
-    """Short transcriptions held while ``room`` of its windows wait for the engines to start them (one
-    engine step's encoders), and packed into windows as those start. A request that finds room goes
-    in at once (alone, when no other waits): requests are packed only with those that wait beside them
-    while the engines are busy, and every window taken decodes in the engines' batch at once."""
+    """Short transcriptions and forced alignments held while ``room`` of its windows wait for the
+    engines to start them (one engine step's encoders), and packed into windows as those start. On an
+    idle queue a request goes in at once, alone; while its windows are in the engines, the queue takes
+    full windows: requests are packed only with those that wait beside them while the engines are busy,
+    and every window taken decodes in the engines' batch at once."""
 
     def __init__(self, run: Run, facts: EngineFacts, room: int):
         self.run, self.facts, self.room = run, facts, room
@@ -300,7 +459,20 @@ class PackQueue:
         task: str,
         options: TranscriptionOptions,
     ) -> Transcript:
-        item = _Waiting(samples, language, task, options, request_id)
+        return await self._answer(_Waiting(samples, language, task, options, request_id))
+
+    async def align(
+        self,
+        samples: np.ndarray,
+        given: list[int],
+        *,
+        request_id: str,
+        language: str | None,
+        options: AlignmentOptions,
+    ) -> Transcript:
+        return await self._answer(_Waiting(samples, language, "align", options, request_id, given))
+
+    async def _answer(self, item: _Waiting) -> Transcript:
         self.waiting.append(item)
         self.wake()
         while True:
@@ -316,9 +488,9 @@ class PackQueue:
             if isinstance(result, Transcript):
                 return result
             item.packings += 1
-            if result == ALONE or item.packings >= PACKINGS:  # alone, as its own request
+            if result == ALONE or item.given is not None or item.packings >= PACKINGS:
                 self.counts["packed_inputs_run_alone"] += 1
-                return await self.run(self._alone(item), request_id, lambda: None)
+                return await self.run(self._alone(item), item.request_id, lambda: None)
             # packed again with whoever waits first, ahead of those that came after it
             item.answer = asyncio.get_running_loop().create_future()
             item.carried_by, item.group = None, []
@@ -344,13 +516,19 @@ class PackQueue:
                 item.carried_by, item.group = task, group
 
     def _group(self) -> list[_Waiting]:
-        """The first waiting request and those after it that can share its window, in order."""
+        """The first waiting request and those after it that can share its window, in order (forced
+        texts: as many as the decoder holds)."""
         first = self.waiting[0]
-        group, lengths = [first], [len(first.samples)]
+        group = [first]
+        room = self.facts.tokens.alignment_room(first.language)
         for item in self.waiting[1:]:
-            if item.joins(first) and packing.fits([*lengths, len(item.samples)]):
+            joined = [*group, item]
+            if (
+                item.joins(first)
+                and packing.fits([len(member.samples) for member in joined])
+                and (first.given is None or sum(len(member.given or ()) for member in joined) <= room)
+            ):
                 group.append(item)
-                lengths.append(len(item.samples))
         return group
 
     async def _carry(self, group: list[_Waiting]) -> None:
@@ -368,14 +546,7 @@ class PackQueue:
             if len(group) == 1:
                 results = [await self.run(self._alone(group[0]), group[0].request_id, started)]
             else:
-                first = group[0]
-                work = packed_window(
-                    [item.samples for item in group],
-                    self.facts,
-                    language=first.language,
-                    task=first.task,
-                    options=first.options,
-                )
+                work = self._packed(group)
                 self.counts["packed_windows"] += 1
                 self.counts["packed_inputs"] += len(group)
                 results = await self.run(work, f"pack-{uuid.uuid4().hex[:12]}", started)
@@ -397,7 +568,22 @@ class PackQueue:
             else:
                 item.answer.set_result(result)
 
+    def _packed(self, group: list[_Waiting]) -> Driver:
+        first, samples = group[0], [item.samples for item in group]
+        if first.given is not None:
+            given = [item.given or [] for item in group]
+            return packed_alignment_window(
+                samples, given, self.facts, language=first.language, options=first.options
+            )  # type: ignore[arg-type]
+        return packed_window(
+            samples, self.facts, language=first.language, task=first.task, options=first.options
+        )  # type: ignore[arg-type]
+
     def _alone(self, item: _Waiting) -> Driver:
+        if item.given is not None:
+            return alignment(
+                item.samples, self.facts, token_ids=item.given, language=item.language, options=item.options
+            )  # type: ignore[arg-type]
         return transcription(
             item.samples, self.facts, language=item.language, task=item.task, options=item.options
-        )
+        )  # type: ignore[arg-type]

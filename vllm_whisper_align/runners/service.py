@@ -156,6 +156,7 @@ class AlignmentService:
             prompt=prompt,
             options=options,
         ):
+            self.tokens.check_language(language, task)  # here: a request's mistake is never its pack's
             return await self.packer.transcribe(
                 samples, request_id=request_id, language=language, task=task, options=options
             )
@@ -181,6 +182,13 @@ class AlignmentService:
         options: AlignmentOptions | None = None,
     ) -> Transcript:
         self.check_duration(samples)
+        options = options or AlignmentOptions()
+        self.tokens.check_language(language)  # here: a request's mistake is never its pack's
+        given = packing.given_tokens(text, token_ids, self.tokens) if self.packing else None
+        if packing.alignable(samples, given, self.tokens, options):
+            return await self.packer.align(
+                samples, given, request_id=request_id, language=language, options=options
+            )
         work = driver.alignment(
             samples, self.facts, text=text, token_ids=token_ids, language=language, options=options
         )
