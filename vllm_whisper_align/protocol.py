@@ -177,6 +177,8 @@ class WhisperAlignConfig:
     encoder_cache_mib: int = ENCODER_CACHE_MIB
     # Short transcriptions that wait for the engine together share a window (runners.packing).
     packing: bool = True
+    # Short forced alignments too: faster, but their starts are read a little less well (docs/packing.md).
+    pack_alignments: bool = False
 
     @classmethod
     def from_additional_config(cls, additional_config: dict | None) -> WhisperAlignConfig:
@@ -190,8 +192,9 @@ class WhisperAlignConfig:
                 f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
             )
         config = cls(**options)
-        if not isinstance(config.packing, bool):
-            raise ValueError(f"whisper_align.packing must be true or false, got {config.packing!r}")
+        for name in ("packing", "pack_alignments"):
+            if not isinstance(getattr(config, name), bool):
+                raise ValueError(f"whisper_align.{name} must be true or false, got {getattr(config, name)!r}")
         if (
             isinstance(config.encoder_cache_mib, bool)
             or not isinstance(config.encoder_cache_mib, int)

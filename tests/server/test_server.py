@@ -787,3 +787,62 @@ def test_short_requests_that_wait_together_share_windows_and_keep_their_own_word
         assert all(0 <= w.start <= w.end <= clip.duration + 1e-6 for w in result.words)
     errors = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
     assert np.mean(errors <= 0.1) >= 0.7
+
+
+@pytest.fixture(scope="module")
+def packing_server(model_dir, tmp_path_factory):
+    """A server that packs forced alignments too (whisper_align.pack_alignments)."""
+    from tests.support.servers import running_server
+
+    config = json.dumps({"whisper_align": {"pack_alignments": True}})
+    with running_server(
+        model_dir, tmp_path_factory.mktemp("packing"), args=["--additional-config", config]
+    ) as base:
+        yield base
+
+
+def send_alignments(server: str, clips) -> list[httpx.Response]:
+    """Every clip's forced alignment with its text, all sent at once."""
+
+    async def send_all():
+        async with httpx.AsyncClient(timeout=600) as http:
+            return await asyncio.gather(
+                *(
+                    http.post(
+                        f"{server}/v1/audio/alignments",
+                        files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
+                        data={"model": SERVED_NAME, "text": clip.text},
+                    )
+                    for clip in clips
+                )
+            )
+
+    return asyncio.run(send_all())
+
+
+def test_alignments_are_not_packed_unless_asked(server):
+    before = server_stats(server)
+    responses = send_alignments(server, distinct_clips(8))
+    assert all(response.status_code == 200 for response in responses)
+    assert server_stats(server)["packed_inputs"] == before["packed_inputs"]
+
+
+def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_text(packing_server):
+    """Sixteen forced alignments sent at once to a server that packs them: each gives back its own
+    text, word for word, at its own times."""
+    server = packing_server
+    clips = distinct_clips(16)
+    before = server_stats(server)
+
+    responses = send_alignments(server, clips)
+    after = server_stats(server)
+    assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
+    for clip, response in zip(clips, responses, strict=True):
+        assert response.status_code == 200, response.text
+        words = response.json()["words"]
+        assert [w["word"].strip(" .").lower() for w in words] == [w.lower() for w in clip.words]
+        assert all(0 <= w["start"] <= w["end"] <= clip.duration + 1e-6 for w in words)
+    errors = np.concatenate(
+        [start_errors(c, r.json()["words"]) for c, r in zip(clips, responses, strict=True)]
+    )
+    assert np.mean(errors <= 0.1) >= 0.8

@@ -91,7 +91,8 @@ class WhisperAligner:
             else None
         )
         self.facts = driver.EngineFacts(self.tokens, tuple(self.suppress_tokens), detection)
-        self.packing = WhisperAlignConfig.from_additional_config(args.get("additional_config")).packing
+        config = WhisperAlignConfig.from_additional_config(args.get("additional_config"))
+        self.packing, self.pack_alignments = config.packing, config.pack_alignments
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""
@@ -162,8 +163,9 @@ class WhisperAligner:
     ) -> list[Transcript]:
         """Word and token times of text the model did not produce; audio of any length (over one
         window: ``longform``), every word with ``aligned``. ``alignment_method`` (or ``options``) as in
-        :meth:`transcribe`, and "characters" for audio of one window. Short inputs share windows, their
-        texts forced in order, unless ``packing`` is False (as in :meth:`transcribe`)."""
+        :meth:`transcribe`, and "characters" for audio of one window. With ``packing`` (None: the
+        engine's ``whisper_align.pack_alignments``, off by default) short inputs share windows, their
+        texts forced in order: faster, their starts read a little less well (docs/packing.md)."""
         options = _options(AlignmentOptions, options, option_values)
         if (texts is None) == (token_ids is None):
             raise OptionError("give either texts or token_ids", "text")
@@ -178,7 +180,7 @@ class WhisperAligner:
             self.facts,
             language=language,
             options=options,
-            pack=self.packing if packing is None else packing,
+            pack=self.pack_alignments if packing is None else packing,
         )
         return self.run(work, use_tqdm)
 

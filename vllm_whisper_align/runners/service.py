@@ -89,7 +89,7 @@ class AlignmentService:
         self._requests_started = 0
         self._idle_tasks: set[asyncio.Task] = set()
         config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
-        self.packing = config.packing
+        self.packing, self.pack_alignments = config.packing, config.pack_alignments
         self.packer = packing.PackQueue(
             self.run, self.facts, encoder_windows_per_step(engine_client.vllm_config)
         )
@@ -184,7 +184,7 @@ class AlignmentService:
         self.check_duration(samples)
         options = options or AlignmentOptions()
         self.tokens.check_language(language)  # here: a request's mistake is never its pack's
-        given = packing.given_tokens(text, token_ids, self.tokens) if self.packing else None
+        given = packing.given_tokens(text, token_ids, self.tokens) if self.pack_alignments else None
         if packing.alignable(samples, given, self.tokens, options):
             return await self.packer.align(
                 samples, given, request_id=request_id, language=language, options=options
