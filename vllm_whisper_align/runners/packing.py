@@ -6,8 +6,8 @@ splits the answer back): one encoder pass and one decode for inputs that each wo
 greedily, its capture fetched, each input's words split back by attention and timed on its own block
 of it. An input that cannot be split from its neighbours, or whose own text fails
 openai-whisper's fallback test, comes back without a transcript: the first is packed once more, then
-runs alone with the full fallback, the second runs alone at once (:func:`packed_transcriptions`):
-packing never loses or moves a word that the input alone would have.
+runs alone with the full fallback, the second runs alone at once (:func:`packed_transcriptions`): no
+input is left without its answer, and none gets a neighbour's words.
 
 Where it applies: inputs that wait together. The offline API packs the inputs of one call
 (:func:`transcriptions`); the server and the corpus job pack the requests that wait for the engine
