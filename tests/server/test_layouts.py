@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -117,6 +118,9 @@ def layout(request, model_dir, tmp_path_factory):
                 )
             )
             args, env = wiring, {"VLLM_CPU_OMP_THREADS_BIND": FRONT_CORES}
+        # each request its own window, so that concurrent answers equal each file alone (packing would
+        # give a clip its neighbours as context: tests/server/test_server.py tests that)
+        args = [*args, "--additional-config", json.dumps({"whisper_align": {"packing": False}})]
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
         yield Layout(base, log_dir / SERVER_LOG, engines=1 if request.param == "api-servers-2" else 2)
 

@@ -134,10 +134,24 @@ def test_segment_and_word_granularities(server):
     assert plain.status_code == 200 and plain.text.strip() == both["text"].strip()
 
 
-def test_32_concurrent_requests_each_match_their_clip(client, server):
+@pytest.fixture(scope="module")
+def unpacked_server(model_dir, tmp_path_factory):
+    """A server that runs every request in its own window (whisper_align.packing off)."""
+    from tests.support.servers import running_server
+
+    config = json.dumps({"whisper_align": {"packing": False}})
+    with running_server(
+        model_dir, tmp_path_factory.mktemp("unpacked"), args=["--additional-config", config]
+    ) as base:
+        yield base
+
+
+def test_32_concurrent_requests_each_match_their_clip(unpacked_server):
     """32 concurrent requests (a full batch: max_num_seqs 32); each of the first 16 answers equals its
     clip served alone (text, and word times ±0.02 s), and every answer has words. Half are checked
     alone to keep the suite's time: the 16 alone requests run one after another."""
+    server = unpacked_server  # packed, a clip's decoder would read its neighbours as context
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600)
     clips = distinct_clips(32)
     checked = 16
 
