@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import io
 import json
 import platform
 import shlex
@@ -40,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "runners"))
 import envs  # noqa: E402
 from audio import ALIGN_MIN_SECONDS, make_continuous, recording  # noqa: E402
+from streaming_bench import cpu  # noqa: E402
 from vllm_http_run import (  # noqa: E402
     capture_stats,
     free_port,
@@ -51,6 +51,7 @@ from vllm_http_run import (  # noqa: E402
 )
 
 from tests.support import real_speech  # noqa: E402
+from tests.support.servers import wav_bytes  # noqa: E402
 from tests.support.speech import SpokenClip, start_errors, write_wav  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
@@ -99,12 +100,6 @@ def _end(clip: SpokenClip, index: int) -> float:
     return clip.starts[index + 1] if index + 1 < len(clip.starts) else len(clip.samples) / SAMPLE_RATE
 
 
-def wav(samples: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    write_wav(buffer, samples)
-    return buffer.getvalue()
-
-
 def accuracy(clips, results: dict) -> dict:
     errors = np.concatenate([start_errors(c, results[f"c{i}"]["words"]) for i, c in enumerate(clips)])
     known = errors[~np.isnan(errors)]
@@ -125,7 +120,7 @@ async def measure(base: str, sets: dict, clients: int, rounds: int) -> dict:
     for round_index in range(rounds):
         for name, clips in sets.items():
             items = [{"id": f"c{i}", "duration": len(c.samples) / SAMPLE_RATE} for i, c in enumerate(clips)]
-            blobs = {f"c{i}": wav(c.samples) for i, c in enumerate(clips)}
+            blobs = {f"c{i}": wav_bytes(c.samples) for i, c in enumerate(clips)}
             if round_index == 0 and not any(passes.values()):  # warm-up: the first set's first clips
                 await one_pass(client, model_id, items[:clients], blobs, clients, True)
             # Every pass starts as new audio would: the server, idle, has emptied its encoder cache, so
@@ -272,11 +267,6 @@ def faster_whisper(sets: dict) -> dict:
         }
         print(f"[clip_lengths] faster-whisper {name}: {rows[name]}", flush=True)
     return rows
-
-
-def cpu() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "AMD EPYC, 2 CPUs, avx512_bf16" if "avx512_bf16" in flags else "2 CPUs, AVX2 only (no avx512_bf16)"
 
 
 def report(result: dict) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -43,6 +42,7 @@ from tests.support.servers import (
     server_environment,
     stop_process,
     wav_bytes,
+    whisper_align_args,
 )
 from tests.support.speech import long_clip
 
@@ -120,7 +120,7 @@ def layout(request, model_dir, tmp_path_factory):
             args, env = wiring, {"VLLM_CPU_OMP_THREADS_BIND": FRONT_CORES}
         # each request its own window, so that concurrent answers equal each file alone (packing would
         # give a clip its neighbours as context: tests/server/test_server.py tests that)
-        args = [*args, "--additional-config", json.dumps({"whisper_align": {"packing": False}})]
+        args = [*args, *whisper_align_args(packing=False)]
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
         yield Layout(base, log_dir / SERVER_LOG, engines=1 if request.param == "api-servers-2" else 2)
 

@@ -24,6 +24,7 @@ from tests.support.servers import (
     is_guess,
     transcribe_raw,
     wav_bytes,
+    whisper_align_args,
 )
 from tests.support.silence import state_total_samples, write_silent_flac
 from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors, word_errors
@@ -139,10 +140,8 @@ def unpacked_server(model_dir, tmp_path_factory):
     """A server that runs every request in its own window (whisper_align.packing off)."""
     from tests.support.servers import running_server
 
-    config = json.dumps({"whisper_align": {"packing": False}})
-    with running_server(
-        model_dir, tmp_path_factory.mktemp("unpacked"), args=["--additional-config", config]
-    ) as base:
+    args = whisper_align_args(packing=False)
+    with running_server(model_dir, tmp_path_factory.mktemp("unpacked"), args=args) as base:
         yield base
 
 
@@ -808,10 +807,8 @@ def packing_server(model_dir, tmp_path_factory):
     """A server that packs forced alignments too (whisper_align.pack_alignments)."""
     from tests.support.servers import running_server
 
-    config = json.dumps({"whisper_align": {"pack_alignments": True}})
-    with running_server(
-        model_dir, tmp_path_factory.mktemp("packing"), args=["--additional-config", config]
-    ) as base:
+    args = whisper_align_args(pack_alignments=True)
+    with running_server(model_dir, tmp_path_factory.mktemp("packing"), args=args) as base:
         yield base
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import os
 import re
 import socket
@@ -99,6 +100,11 @@ def stop_process(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         process.kill()
+
+
+def whisper_align_args(**options) -> list[str]:
+    """``serve`` arguments setting the plugin's own options (``--additional-config``)."""
+    return ["--additional-config", json.dumps({"whisper_align": options})]
 
 
 def wav_bytes(clip_or_samples) -> bytes:

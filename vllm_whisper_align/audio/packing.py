@@ -47,11 +47,6 @@ class Packed:
         first = self.starts[index] // N_SAMPLES_PER_TOKEN
         return slice(first, first + max(1, self.lengths[index] // N_SAMPLES_PER_TOKEN))
 
-    def span(self, index: int) -> tuple[float, float]:
-        """Seconds of the window where input ``index`` is."""
-        start = self.starts[index] / SAMPLE_RATE
-        return start, start + self.lengths[index] / SAMPLE_RATE
-
 
 def fits(lengths: Sequence[int]) -> bool:
     """Whether inputs of these lengths fit one window together."""

@@ -267,29 +267,34 @@ def alignments(
         [len(g or ()) for g in given],
         tokens.alignment_room(language),
     )
-    in_packs = {i for pack_ in packed for i in pack_}
-    alone = [i for i in range(len(samples)) if i not in in_packs]
-    work: list[Driver] = [
-        packed_alignments(
-            [samples[i] for i in group],
-            [given[i] or [] for i in group],
-            facts,
-            language=language,
-            options=options,
+    return (
+        yield from _packed_or_alone(
+            len(samples),
+            packed,
+            lambda group: packed_alignments(
+                [samples[i] for i in group],
+                [given[i] or [] for i in group],
+                facts,
+                language=language,
+                options=options,
+            ),
+            lambda i: alignment(
+                samples[i], facts, text=texts[i], token_ids=token_ids[i], language=language, options=options
+            ),
         )
-        for group in packed
-    ]
-    work += [
-        alignment(
-            samples[i], facts, text=texts[i], token_ids=token_ids[i], language=language, options=options
-        )
-        for i in alone
-    ]
-    return _in_order(len(samples), packed, alone, (yield from together(work)))
+    )
 
 
-def _in_order(count: int, packed: list[list[int]], alone: list[int], answers: list) -> list:
-    """The answers of the packs' drivers, then of the inputs alone, back in the inputs' order."""
+def _packed_or_alone(
+    count: int,
+    packed: list[list[int]],
+    pack_work: Callable[[list[int]], Driver],
+    alone_work: Callable[[int], Driver],
+) -> Generator[Command, Any, list]:
+    """Every pack's driver and every other input's own, run together; the answers in the inputs' order."""
+    in_packs = {i for group in packed for i in group}
+    alone = [i for i in range(count) if i not in in_packs]
+    answers = yield from together([*(pack_work(group) for group in packed), *(alone_work(i) for i in alone)])
     results: list[Any] = [None] * count
     for group, transcripts in zip(packed, answers, strict=False):
         for i, transcript in zip(group, transcripts, strict=True):
@@ -359,27 +364,24 @@ def transcriptions(
 
     [flags] = yield Compute([lambda: [pack and short(s) for s in samples]])
     packed = packs_of([len(s) if flag else None for s, flag in zip(samples, flags, strict=True)])
-    in_packs = {i for pack in packed for i in pack}
-    alone = [i for i in range(len(samples)) if i not in in_packs]
-    work: list[Driver] = [
-        packed_transcriptions(
-            [samples[i] for i in pack], facts, language=language, task=task, options=options
+    return (
+        yield from _packed_or_alone(
+            len(samples),
+            packed,
+            lambda group: packed_transcriptions(
+                [samples[i] for i in group], facts, language=language, task=task, options=options
+            ),
+            lambda i: transcription(
+                samples[i],
+                facts,
+                language=language,
+                task=task,
+                word_timestamps=word_timestamps,
+                prompt=prompt,
+                options=options,
+            ),
         )
-        for pack in packed
-    ]
-    work += [
-        transcription(
-            samples[i],
-            facts,
-            language=language,
-            task=task,
-            word_timestamps=word_timestamps,
-            prompt=prompt,
-            options=options,
-        )
-        for i in alone
-    ]
-    return _in_order(len(samples), packed, alone, (yield from together(work)))
+    )
 
 
 def packs_of(
@@ -392,15 +394,18 @@ def packs_of(
     for index, length in enumerate(lengths):
         if length is None:
             continue
-        group = groups[-1] if groups else []
-        fits = packing.fits([*(lengths[i] for i in group), length])  # type: ignore[misc]
-        if token_counts is not None:
-            fits = fits and sum(token_counts[i] for i in [*group, index]) <= token_room
-        if group and fits:
-            group.append(index)
+        joined = [*(groups[-1] if groups else []), index]
+        counts = None if token_counts is None else [token_counts[i] for i in joined]
+        if len(joined) > 1 and holds([lengths[i] for i in joined], counts, token_room):  # type: ignore[misc]
+            groups[-1].append(index)
         else:
             groups.append([index])
     return [group for group in groups if len(group) > 1]
+
+
+def holds(lengths: Sequence[int], token_counts: Sequence[int] | None, token_room: int) -> bool:
+    """Whether one window holds inputs of these lengths (and, forced, texts of these token counts)."""
+    return packing.fits(lengths) and (token_counts is None or sum(token_counts) <= token_room)
 
 
 # ---------------------------------------------------------------------------- waiting together
@@ -523,11 +528,8 @@ class PackQueue:
         room = self.facts.tokens.alignment_room(first.language)
         for item in self.waiting[1:]:
             joined = [*group, item]
-            if (
-                item.joins(first)
-                and packing.fits([len(member.samples) for member in joined])
-                and (first.given is None or sum(len(member.given or ()) for member in joined) <= room)
-            ):
+            counts = None if first.given is None else [len(member.given or ()) for member in joined]
+            if item.joins(first) and holds([len(member.samples) for member in joined], counts, room):
                 group.append(item)
         return group
 
