@@ -4,8 +4,9 @@ transcription of the same audio, and how many real-time streams one server holds
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/streaming_bench.py     # a few minutes
     .venv/bin/python benchmarks/streaming_bench.py --server http://127.0.0.1:8000 --max-streams 2  # a smoke
 
-It starts `vllm-whisper-align serve` (tiny.en, float32: tests/support/servers.py) unless --server names
-one, and streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
+It starts `vllm-whisper-align serve` with its defaults (tiny.en; the dtype serve picks for this CPU:
+bfloat16 with AVX512-BF16, float32 without; `--dtype` names another) unless --server names one, and
+streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
 
 - one stream at a time: espeak-ng sentences (exact word starts, tests/support/speech.py) and real speech
   (tests/support/real_speech.py, joined with their own pauses), each recording its own stream. Per
@@ -14,7 +15,10 @@ one, and streams with the `websockets` client, 100 ms of PCM16 a message, at rea
   request: word error rate, the offline words as reference), and both against the truth: the share of
   truth words whose start is within 50 ms (a word neither heard is a miss).
 - N streams at once (different sentences, each at real time) for N = 1, 2, 4, ... until the median delay
-  of a level passes 2 s: the most streams whose median stays within it.
+  of a level passes 2 s, then the levels between the last held and it: the most streams whose median
+  stays within it.
+
+The word error rate is also given per kind of speech: the synthetic sentences' and the real speech's.
 
 Writes benchmarks/out/streaming.json and prints a section for benchmarks/RESULTS.md.
 """
@@ -41,8 +45,12 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(HERE / "runners"))
+from common import DEFAULT_VARIANT  # noqa: E402
+from vllm_http_run import engine_dtype, free_port, start_server, stop_server, wait_healthy  # noqa: E402
+
 from tests.support import real_speech  # noqa: E402
-from tests.support.servers import running_server, wav_bytes  # noqa: E402
+from tests.support.servers import wav_bytes  # noqa: E402
 from tests.support.speech import concatenate_clips, sentence_clips, start_errors, word_errors  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
@@ -143,13 +151,18 @@ def one_at_a_time(server: str, url: str) -> dict:
 def summary(rows: list[dict]) -> dict:
     delays = [d for row in rows for d in row["delays"]]
     out = {"median_delay_s": float(np.median(delays)), "p90_delay_s": float(np.percentile(delays, 90))}
-    out["wer_vs_offline"] = sum(r["word_errors"] for r in rows) / sum(r["offline_words"] for r in rows)
+    out["wer_vs_offline"] = wer(rows)
     for kind in ("synthetic", "real"):
         chosen = [r for r in rows if r["kind"] == kind]
+        out[f"{kind}_wer_vs_offline"] = wer(chosen) if chosen else None
         for side in ("streamed", "offline"):
             hits, total = (sum(r[f"{side}_within"][k] for r in chosen) for k in (0, 1))
             out[f"{kind}_{side}_within_50ms"] = hits / total if total else None
     return out
+
+
+def wer(rows: list[dict]) -> float:
+    return sum(r["word_errors"] for r in rows) / sum(r["offline_words"] for r in rows)
 
 
 async def at_once(url: str, clips: list) -> list[float]:
@@ -158,10 +171,12 @@ async def at_once(url: str, clips: list) -> list[float]:
 
 
 def concurrency(url: str, max_streams: int) -> dict:
+    """Levels of 1, 2, 4, ... streams until one's median delay passes MAX_MEDIAN_DELAY_S, then the
+    levels between the last one held and it, one by one: the most streams held."""
     sentences = sentence_clips()
-    levels, held = [], 0
-    count = 1
-    while count <= max_streams:
+    levels: list[dict] = []
+
+    def level(count: int) -> bool:
         clips = [
             concatenate_clips([sentences[(i + k) % len(sentences)] for k in range(3)]) for i in range(count)
         ]
@@ -171,11 +186,29 @@ def concurrency(url: str, max_streams: int) -> dict:
             {"streams": count, "median_delay_s": median, "p90_delay_s": float(np.percentile(delays, 90))}
         )
         print(f"  {count} streams: median delay {median:.2f} s", flush=True)
-        if median > MAX_MEDIAN_DELAY_S:
+        return median <= MAX_MEDIAN_DELAY_S
+
+    held, count = 0, 1
+    while count <= max_streams and level(count):
+        held, count = count, count * 2
+    for between in range(held + 1, min(count, max_streams + 1)):
+        if not level(between):
             break
-        held = count
-        count *= 2
+        held = between
+    levels.sort(key=lambda lv: lv["streams"])
     return {"levels": levels, "streams_held": held}
+
+
+@contextlib.contextmanager
+def default_server(log_path: Path, dtype: str | None):
+    """`vllm-whisper-align serve` as a user starts it (``dtype`` None: its own pick); yields its URL."""
+    port = free_port()
+    proc = start_server(None, dtype or DEFAULT_VARIANT, 32, port, log_path)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_server(proc)
 
 
 def cpu() -> str:
@@ -198,7 +231,8 @@ def report(result: dict) -> str:
         result["command"],
         "```",
         "",
-        f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en float32 on `vllm-whisper-align serve`",
+        f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en {result.get('dtype', 'float32')} on "
+        "`vllm-whisper-align serve`",
         f"- Audio, one stream at a time at real time: {len(one['recordings'])} recordings, "
         f"{sum(r['seconds'] for r in one['recordings']):.0f} s (espeak-ng sentences and joined real speech)",
         "",
@@ -207,6 +241,8 @@ def report(result: dict) -> str:
         f"| delay, word end to its arrival, median | {one['median_delay_s']:.2f} s | <= 2 s |",
         f"| delay, p90 | {one['p90_delay_s']:.2f} s | <= 3.5 s |",
         f"| WER of the streamed words against offline | {pct(one['wer_vs_offline'])} | <= 5% |",
+        f"| WER against offline, synthetic / real | {pct(one.get('synthetic_wer_vs_offline'))} / "
+        f"{pct(one.get('real_wer_vs_offline'))} | |",
         *(
             f"| starts within 50 ms, {kind}: streamed / offline | {pct(one[f'{kind}_streamed_within_50ms'])}"
             f" / {pct(one[f'{kind}_offline_within_50ms'])} | offline - 10 points at most |"
@@ -232,14 +268,14 @@ def main() -> None:
     )
     parser.add_argument("--server", default=None, help="a running server (default: start one)")
     parser.add_argument("--max-streams", type=int, default=16)
+    parser.add_argument("--dtype", default=None, help="the server's dtype (default: serve's own pick)")
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
-        server = args.server
+        server, dtype = args.server, "serve's own"
         if server is None:
-            from vllm_whisper_align.checkpoints.bundled import default_model_path
-
-            log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-            server = stack.enter_context(running_server(default_model_path(), log_dir))
+            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "server.log"
+            server = stack.enter_context(default_server(log_path, args.dtype))
+            dtype = engine_dtype(log_path)
         url = server.replace("http://", "ws://") + "/v1/realtime"
         print("one stream at a time", flush=True)
         one = one_at_a_time(server, url)
@@ -251,6 +287,7 @@ def main() -> None:
         + shlex.join(sys.argv[1:]),
         "cpu": cpu(),
         "cores": len(__import__("os").sched_getaffinity(0)),
+        "dtype": dtype,
         "python": platform.python_version(),
         "one_stream": one,
         "concurrency": many,
