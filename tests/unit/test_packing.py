@@ -9,7 +9,11 @@ import pytest
 from vllm_whisper_align.align.packing import WordTokens, owners, token_ranges, word_rows
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE
-from vllm_whisper_align.runners.packing import packs_of
+from vllm_whisper_align.options import TranscriptionOptions
+from vllm_whisper_align.runners import packing as packing_runner
+from vllm_whisper_align.runners.driver import EngineFacts
+from vllm_whisper_align.runners.packing import ALONE, packs_of
+from vllm_whisper_align.tokens import WhisperTokens
 
 
 def test_inputs_start_on_encoder_frames_with_a_gap_of_silence_between():
@@ -59,6 +63,46 @@ def test_only_packable_inputs_share_windows_and_never_alone():
     assert packs_of([two, None, two, two, None]) == [[0, 2, 3]]
     assert packs_of([two, None]) == []  # one packable input runs alone
     assert packs_of([14 * SAMPLE_RATE, 2 * SAMPLE_RATE, 14 * SAMPLE_RATE]) == [[0, 1]]
+
+
+@pytest.fixture(scope="module")
+def tokens(model_dir):
+    from transformers import AutoConfig, AutoTokenizer
+
+    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
+    return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+
+
+def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypatch, tokens):
+    """An input whose own text fails the fallback test (ALONE) runs alone at once; one the window did
+    not split (None) is packed again with the others like it, then runs alone: each gets its own
+    transcript back, in its place (the offline API once answered the first with the string "alone")."""
+    inputs = [np.full(SAMPLE_RATE, float(k), np.float32) for k in range(5)]
+    windows: list[list[float]] = []
+
+    def window(samples, facts, **_):
+        windows.append([float(s[0]) for s in samples])
+        if len(windows) == 1:
+            return [
+                f"packed {s[0]:.0f}" if k in (0, 3) else (ALONE if k == 1 else None)
+                for k, s in enumerate(samples)
+            ]
+        return [None] * len(samples)  # the second window splits nothing either
+        yield  # a driver
+
+    def alone(samples, facts, **_):
+        return f"alone {samples[0]:.0f}"
+        yield  # a driver
+
+    monkeypatch.setattr(packing_runner, "packed_window", window)
+    monkeypatch.setattr(packing_runner, "transcription", alone)
+    work = packing_runner.packed_transcriptions(
+        inputs, EngineFacts(tokens), language="en", task="transcribe", options=TranscriptionOptions()
+    )
+    with pytest.raises(StopIteration) as done:
+        next(work)
+    assert done.value.value == ["packed 0", "alone 1", "alone 2", "packed 3", "alone 4"]
+    assert windows == [[0, 1, 2, 3, 4], [2, 4]]  # the one sent alone at once is not packed again
 
 
 def _words(*counts: int) -> list[WordTokens]:

@@ -318,12 +318,13 @@ def packed_transcriptions(
     options: TranscriptionOptions,
     packings: int = PACKINGS,
 ) -> Generator[Command, Any, list[Transcript]]:
-    """:func:`packed_window`; the inputs it gives back are packed again (``packings`` windows in all),
-    then run alone."""
+    """:func:`packed_window`; the inputs it gives back unsplit are packed again (``packings`` windows
+    in all), then run alone; those whose own text failed the fallback test (ALONE) run alone at once."""
     results = yield from packed_window(inputs, facts, language=language, task=task, options=options)
     again = [k for k, result in enumerate(results) if result is None]
+    alone = [k for k, result in enumerate(results) if result == ALONE]
     if len(again) > 1 and packings > 1:
-        answers = yield from packed_transcriptions(
+        packed_again = packed_transcriptions(
             [inputs[k] for k in again],
             facts,
             language=language,
@@ -332,12 +333,16 @@ def packed_transcriptions(
             packings=packings - 1,
         )
     else:
-        alone = [
-            transcription(inputs[k], facts, language=language, task=task, options=options) for k in again
-        ]
-        answers = yield from together(alone, prefix="alone")
-    for k, result in zip(again, answers, strict=True):
+        packed_again, alone = None, sorted(alone + again)
+    work = [transcription(inputs[k], facts, language=language, task=task, options=options) for k in alone]
+    if packed_again is not None:
+        work.append(packed_again)
+    answers = yield from together(work, prefix="alone")
+    for k, result in zip(alone, answers, strict=False):
         results[k] = result
+    if packed_again is not None:
+        for k, result in zip(again, answers[-1], strict=True):
+            results[k] = result
     return results  # type: ignore[return-value]
 
 
