@@ -11,8 +11,8 @@ from vllm_whisper_align.audio import packing
 from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import packing as packing_runner
-from vllm_whisper_align.runners.driver import EngineFacts
-from vllm_whisper_align.runners.packing import ALONE, packs_of
+from vllm_whisper_align.runners.driver import EngineFacts, Generate
+from vllm_whisper_align.runners.packing import ALONE, packed_token_cap, packed_window, packs_of
 from vllm_whisper_align.tokens import WhisperTokens
 
 
@@ -71,6 +71,23 @@ def tokens(model_dir):
 
     vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
     return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+
+
+def test_a_packed_window_decodes_no_more_than_its_inputs_speech_can_hold(tokens):
+    """Not the whole window's cap (sized for 30 s of fast speech): a decode that loops, or says a
+    sentence again after the last input, stops near its inputs' own text."""
+    inputs = [np.full(2 * SAMPLE_RATE, 0.1, np.float32)] * 9
+    work = packed_window(
+        inputs, EngineFacts(tokens), language="en", task="transcribe", options=TranscriptionOptions()
+    )
+    command = next(work)
+    assert isinstance(command, Generate)
+    [request] = command.requests
+    cap = packed_token_cap([len(samples) for samples in inputs])
+    assert cap == 9 * (4 + 12)
+    # one more than the cap with word timings: the last token's decoder row (decoding.text_token_cap)
+    assert request.sampling_params.max_tokens == cap + 1
+    work.close()
 
 
 def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypatch, tokens):

@@ -83,6 +83,21 @@ def packable(
     )
 
 
+# A packed window's text holds its inputs' words and no more: tokens allowed per input and per second of
+# its audio (the gaps and the silence after the last input hold none). Whisper now and then loops in a
+# packed window, or says a sentence again in the silence after the last input; the window's own cap
+# (``decoding.max_output_tokens``, sized for any speech in a whole window) let such a decode run three
+# times its text, one token after another, while its inputs waited. An input the cap cuts off is packed
+# again, then runs alone, as any input the decode did not reach.
+PACKED_TOKENS_PER_INPUT = 4
+PACKED_TOKENS_PER_SECOND = 6
+
+
+def packed_token_cap(lengths: Sequence[int]) -> int:
+    """Text tokens a window of inputs of these lengths (samples) may decode."""
+    return sum(PACKED_TOKENS_PER_INPUT + int(PACKED_TOKENS_PER_SECOND * n / SAMPLE_RATE) for n in lengths)
+
+
 def packed_window(
     inputs: Sequence[np.ndarray],
     facts: EngineFacts,
@@ -96,12 +111,13 @@ def packed_window(
     where its own text fails the fallback test (it runs alone)."""
     tokens = facts.tokens
     laid = packing.pack(inputs)
+    cap = packed_token_cap([len(samples) for samples in inputs])
     plan = decoding.plan_transcription(
         laid.samples,
         tokens,
         language=language,
         task=task,
-        options=options,
+        options=replace(options, sampling={**options.sampling, "max_tokens": cap}),
         suppress_tokens=facts.suppress_tokens,
         windows=[AudioChunk.whole(laid.samples)],
     )
