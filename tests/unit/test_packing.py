@@ -12,7 +12,7 @@ from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import packing as packing_runner
 from vllm_whisper_align.runners.driver import EngineFacts, Generate
-from vllm_whisper_align.runners.packing import ALONE, packed_token_cap, packed_window, packs_of
+from vllm_whisper_align.runners.packing import packed_token_cap, packed_window, packs_of
 from vllm_whisper_align.tokens import WhisperTokens
 
 
@@ -91,19 +91,16 @@ def test_a_packed_window_decodes_no_more_than_its_inputs_speech_can_hold(tokens)
 
 
 def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypatch, tokens):
-    """An input whose own text fails the fallback test (ALONE) runs alone at once; one the window did
-    not split (None) is packed again with the others like it, then runs alone: each gets its own
-    transcript back, in its place (the offline API once answered the first with the string "alone")."""
+    """An input the window did not split (None) is packed again with the others like it, then runs
+    alone: each gets its own transcript back, in its place (the offline API once answered an input
+    sent alone with the string "alone")."""
     inputs = [np.full(SAMPLE_RATE, float(k), np.float32) for k in range(5)]
     windows: list[list[float]] = []
 
     def window(samples, facts, **_):
         windows.append([float(s[0]) for s in samples])
         if len(windows) == 1:
-            return [
-                f"packed {s[0]:.0f}" if k in (0, 3) else (ALONE if k == 1 else None)
-                for k, s in enumerate(samples)
-            ]
+            return [f"packed {s[0]:.0f}" if k in (0, 3) else None for k, s in enumerate(samples)]
         return [None] * len(samples)  # the second window splits nothing either
         yield  # a driver
 
@@ -119,7 +116,7 @@ def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypat
     with pytest.raises(StopIteration) as done:
         next(work)
     assert done.value.value == ["packed 0", "alone 1", "alone 2", "packed 3", "alone 4"]
-    assert windows == [[0, 1, 2, 3, 4], [2, 4]]  # the one sent alone at once is not packed again
+    assert windows == [[0, 1, 2, 3, 4], [1, 2, 4]]
 
 
 def _words(*counts: int) -> list[WordTokens]:
