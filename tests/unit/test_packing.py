@@ -119,6 +119,32 @@ def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypat
     assert windows == [[0, 1, 2, 3, 4], [1, 2, 4]]
 
 
+def test_a_failing_input_is_read_again_from_the_text_before_it(tokens):
+    """The request that reads a packed input again at a fallback temperature: the window's audio, the
+    window's text before the input after the start tokens (counted as text: its rows are aligned with
+    what follows), no more than the input's own cap decoded, best_of candidates each with its own
+    capture."""
+    from vllm_whisper_align.audio.windows import AudioChunk
+    from vllm_whisper_align.runners import decoding
+
+    window = AudioChunk.whole(np.full(10 * SAMPLE_RATE, 0.1, np.float32))
+    start = tokens.transcription_prompt("en")
+    prefix = tokens.encode(" One two three.")
+    options = TranscriptionOptions()
+    run = decoding.continuation_window(window, start, prefix, 16, options, (), 1, 0.2, 5)
+    assert run.prompt_token_ids == [*start, *prefix]
+    assert run.alignment is not None
+    # the rows of the prefix are text rows: the first predicts its first token
+    assert run.alignment.text_row == len(start) - 1
+    assert run.alignment.text_rows(len(prefix) + 3) == slice(len(start) - 1, len(start) + len(prefix) + 3)
+    candidates = run.candidates()
+    assert len(candidates) == 5
+    assert len({c.alignment.key for c in candidates}) == 5
+    assert {c.sampling_params.temperature for c in candidates} == {0.2}
+    assert {c.sampling_params.max_tokens for c in candidates} == {16 + 1}  # the last token's row
+    assert len({c.sampling_params.seed for c in candidates}) == 5
+
+
 def _words(*counts: int) -> list[WordTokens]:
     groups, position = [], 0
     for count in counts:
