@@ -143,21 +143,3 @@ def test_forced_alignments_packed_start_where_they_start_alone(aligner, short_cl
         near[name] = np.mean(errors[~np.isnan(errors)] <= 0.05)
     print(f"forced, starts within 50 ms of the truth: {near}")
     assert near["packed"] >= near["alone"] - 0.03
-
-
-def test_an_input_failing_the_fallback_test_is_read_again_in_its_own_window(aligner, short_clips):
-    """With a log-probability threshold no text meets, every packed input fails openai-whisper's
-    fallback test at every temperature. Each is read again at the next temperatures in its own window
-    (the encoder's output cached), not encoded again alone, keeps its likeliest attempt, and gets its
-    own words; nothing of the workers' is left behind."""
-    inputs = [c.samples for c in short_clips]
-    before = aligner.capture_stats()
-    results = aligner.transcribe(inputs, logprob_threshold=-0.001, no_speech_threshold=None)
-    after = aligner.capture_stats()
-    # a handful of windows, and the few inputs they did not split run alone (one pass each); before,
-    # every input that failed ran alone
-    assert after["encoder_cache_misses"] - before["encoder_cache_misses"] <= len(inputs) // 2
-    assert after["tracked"] == 0 and after["parked"] == 0
-    for clip, result in zip(short_clips, results, strict=True):
-        assert result.words, result.text
-        assert all(0.0 <= w.start <= w.end <= len(clip.samples) / SAMPLE_RATE + 1e-6 for w in result.words)

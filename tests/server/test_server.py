@@ -763,8 +763,11 @@ def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server, 
     assert max(in_engine) <= 3, in_engine  # 2 windows of the long one, and the short one
 
 
-def send_at_once(server, clips, **extra_body):
-    """Each clip's verbose_json with words, all sent at once."""
+def test_short_requests_that_wait_together_share_windows_and_keep_their_own_words(server):
+    """Two dozen short clips sent at once: the busy server packs those that wait into shared windows
+    (the stats route counts them), and each answer holds its own clip's words at its own times."""
+    clips = distinct_clips(24)
+    before = server_stats(server)
 
     async def send_all():
         client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600, max_retries=0)
@@ -776,7 +779,6 @@ def send_at_once(server, clips, **extra_body):
                         file=(f"{k}.wav", wav_bytes(clip)),
                         response_format="verbose_json",
                         timestamp_granularities=["word"],
-                        extra_body=extra_body or None,
                     )
                     for k, clip in enumerate(clips)
                 )
@@ -784,11 +786,10 @@ def send_at_once(server, clips, **extra_body):
         finally:
             await client.close()
 
-    return asyncio.run(send_all())
-
-
-def assert_own_words(clips, results):
-    """Each answer holds its own clip's words, at its own times."""
+    results = asyncio.run(send_all())
+    after = server_stats(server)
+    assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
+    assert after["packed_windows"] > before["packed_windows"]
     for clip, result in zip(clips, results, strict=True):
         assert result.duration == pytest.approx(clip.duration, abs=1e-3)
         # its own sentence: nearer its clip's words than any other sentence sent beside it
@@ -799,33 +800,6 @@ def assert_own_words(clips, results):
         assert all(0 <= w.start <= w.end <= clip.duration + 1e-6 for w in result.words)
     errors = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
     assert np.mean(errors <= 0.1) >= 0.7
-
-
-def test_short_requests_that_wait_together_share_windows_and_keep_their_own_words(server):
-    """Two dozen short clips sent at once: the busy server packs those that wait into shared windows
-    (the stats route counts them), and each answer holds its own clip's words at its own times."""
-    clips = distinct_clips(24)
-    before = server_stats(server)
-    results = send_at_once(server, clips)
-    after = server_stats(server)
-    assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
-    assert after["packed_windows"] > before["packed_windows"]
-    assert_own_words(clips, results)
-
-
-def test_packed_requests_whose_text_fails_the_fallback_test_are_read_again_in_their_windows(server):
-    """With a log-probability threshold no text meets, every packed request fails openai-whisper's
-    fallback test: each is read again at the next temperatures in its own window, not run alone, and
-    still gets its own words."""
-    clips = distinct_clips(16)
-    before = server_stats(server)
-    results = send_at_once(server, clips, logprob_threshold=-0.001)
-    after = server_stats(server)
-    packed = after["packed_inputs"] - before["packed_inputs"]
-    read_again = after["packed_inputs_read_again"] - before["packed_inputs_read_again"]
-    assert packed >= len(clips) // 2, (before, after)
-    assert read_again >= packed // 2, (before, after)
-    assert_own_words(clips, results)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import packing as packing_runner
 from vllm_whisper_align.runners.driver import EngineFacts, Generate
-from vllm_whisper_align.runners.packing import packed_token_cap, packed_window, packs_of
+from vllm_whisper_align.runners.packing import ALONE, packed_token_cap, packed_window, packs_of
 from vllm_whisper_align.tokens import WhisperTokens
 
 
@@ -91,16 +91,19 @@ def test_a_packed_window_decodes_no_more_than_its_inputs_speech_can_hold(tokens)
 
 
 def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypatch, tokens):
-    """An input the window did not split (None) is packed again with the others like it, then runs
-    alone: each gets its own transcript back, in its place (the offline API once answered an input
-    sent alone with the string "alone")."""
+    """An input whose own text fails the fallback test (ALONE) runs alone at once; one the window did
+    not split (None) is packed again with the others like it, then runs alone: each gets its own
+    transcript back, in its place (the offline API once answered the first with the string "alone")."""
     inputs = [np.full(SAMPLE_RATE, float(k), np.float32) for k in range(5)]
     windows: list[list[float]] = []
 
     def window(samples, facts, **_):
         windows.append([float(s[0]) for s in samples])
         if len(windows) == 1:
-            return [f"packed {s[0]:.0f}" if k in (0, 3) else None for k, s in enumerate(samples)]
+            return [
+                f"packed {s[0]:.0f}" if k in (0, 3) else (ALONE if k == 1 else None)
+                for k, s in enumerate(samples)
+            ]
         return [None] * len(samples)  # the second window splits nothing either
         yield  # a driver
 
@@ -116,33 +119,7 @@ def test_every_input_of_a_pack_gets_a_transcript_even_those_sent_alone(monkeypat
     with pytest.raises(StopIteration) as done:
         next(work)
     assert done.value.value == ["packed 0", "alone 1", "alone 2", "packed 3", "alone 4"]
-    assert windows == [[0, 1, 2, 3, 4], [1, 2, 4]]
-
-
-def test_a_failing_input_is_read_again_from_the_text_before_it(tokens):
-    """The request that reads a packed input again at a fallback temperature: the window's audio, the
-    window's text before the input after the start tokens (counted as text: its rows are aligned with
-    what follows), no more than the input's own cap decoded, best_of candidates each with its own
-    capture."""
-    from vllm_whisper_align.audio.windows import AudioChunk
-    from vllm_whisper_align.runners import decoding
-
-    window = AudioChunk.whole(np.full(10 * SAMPLE_RATE, 0.1, np.float32))
-    start = tokens.transcription_prompt("en")
-    prefix = tokens.encode(" One two three.")
-    options = TranscriptionOptions()
-    run = decoding.continuation_window(window, start, prefix, 16, options, (), 1, 0.2, 5)
-    assert run.prompt_token_ids == [*start, *prefix]
-    assert run.alignment is not None
-    # the rows of the prefix are text rows: the first predicts its first token
-    assert run.alignment.text_row == len(start) - 1
-    assert run.alignment.text_rows(len(prefix) + 3) == slice(len(start) - 1, len(start) + len(prefix) + 3)
-    candidates = run.candidates()
-    assert len(candidates) == 5
-    assert len({c.alignment.key for c in candidates}) == 5
-    assert {c.sampling_params.temperature for c in candidates} == {0.2}
-    assert {c.sampling_params.max_tokens for c in candidates} == {16 + 1}  # the last token's row
-    assert len({c.sampling_params.seed for c in candidates}) == 5
+    assert windows == [[0, 1, 2, 3, 4], [2, 4]]  # the one sent alone at once is not packed again
 
 
 def _words(*counts: int) -> list[WordTokens]:

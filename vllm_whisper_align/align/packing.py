@@ -153,21 +153,6 @@ def block_matrix(
     return matrix[text]
 
 
-def text_ranges(
-    packed: Packed,
-    output: WindowOutput,
-    params: AlignmentParams,
-    fetched: dict,
-    tokens: WhisperTokens,
-    language: str,
-) -> list[tuple[int, int] | None]:
-    """Each input's text tokens in a decoded window, read from its attention (:func:`token_ranges`).
-    ``ValueError`` where the worker has no capture for the window."""
-    whole = DecodedWindow(AudioChunk.whole(packed.samples), output, params)
-    scores = input_scores(window_matrix(whole, fetched), packed)
-    return token_ranges(scores, word_groups(output.token_ids, tokens, language), len(packed))
-
-
 def split_window(
     packed: Packed,
     inputs: Sequence[np.ndarray],
@@ -175,12 +160,18 @@ def split_window(
     params: AlignmentParams,
     fetched: dict,
     tokens: WhisperTokens,
-    ranges: Sequence[tuple[int, int] | None],
-    forced: bool = False,
+    language: str,
+    forced: Sequence[int] | None = None,
 ) -> list[TimedWindow | None]:
     """Each input's window with its own token times, as if it had been decoded alone; None for an
-    input without a range (it must run again). ``ranges``: :func:`text_ranges`, or :func:`given_ranges`
-    where the texts were given (``forced``)."""
+    input that must run alone. ``forced``: the token counts of given texts packed in order, which split
+    the window exactly. ``ValueError`` where the worker has no capture for the window."""
+    if forced is None:
+        whole = DecodedWindow(AudioChunk.whole(packed.samples), output, params)
+        scores = input_scores(window_matrix(whole, fetched), packed)
+        ranges = token_ranges(scores, word_groups(output.token_ids, tokens, language), len(packed))
+    else:
+        ranges = given_ranges(forced)
     cross_qk = captured_qk(fetched)
     parts: list[tuple[DecodedWindow, np.ndarray] | None] = []
     for index, span in enumerate(ranges):
@@ -192,7 +183,7 @@ def split_window(
             AudioChunk.whole(samples),
             part_output(output, *span, tokens),
             replace(params, num_frames=num_mel_frames(len(samples))),
-            forced=forced,
+            forced=forced is not None,
         )
         parts.append((window, block_matrix(cross_qk, params, fetched, *span, packed.frames(index))))
     kept = [part for part in parts if part is not None]

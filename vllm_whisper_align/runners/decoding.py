@@ -354,36 +354,6 @@ def _transcription_window(
     )
 
 
-def continuation_window(
-    audio: AudioChunk,
-    start: Sequence[int],
-    prefix: Sequence[int],
-    max_text_tokens: int,
-    options: TranscriptionOptions,
-    suppress_tokens: Sequence[int],
-    attempt: int,
-    temperature: float,
-    best_of: int,
-) -> WindowRequest:
-    """A window decoded on from text already read in it: ``prefix`` (text tokens) follows the start
-    tokens in the decoder prompt and counts as text (its rows are captured and aligned with what
-    follows), and at most ``max_text_tokens`` are decoded after it, at ``temperature`` (attempt
-    ``attempt`` of the fallback schedule)."""
-    alignment = AlignmentParams.for_prompt(
-        num_mel_frames(audio.num_samples), 0, len(start), alignment_method=options.alignment_method
-    )
-    window = WindowRequest(
-        audio,
-        [*start, *prefix],
-        None,
-        alignment,
-        max_text_tokens=max_text_tokens,
-        sampling_options=dict(options.sampling),
-        suppress_tokens=tuple(suppress_tokens),
-    )
-    return _at_temperature(window, attempt, temperature, best_of)
-
-
 def _at_temperature(window: WindowRequest, attempt: int, temperature: float, best_of: int) -> WindowRequest:
     """``window`` as attempt ``attempt``, with fresh capture keys (the workers keep each attempt's
     capture apart, so a superseded one can be discarded while its successor runs), and above
@@ -514,7 +484,7 @@ def fall_back(
         if not needs_fallback(output, plan.fallback):
             superseded += best_failed[0].capture_keys() if best_failed else []
             continue
-        kept, other = more_likely((window, output), best_failed, plan.fallback)
+        kept, other = _more_likely((window, output), best_failed, plan.fallback)
         superseded += other[0].capture_keys() if other else []
         following = window.attempt + 1
         if following < len(plan.fallback.temperatures):
@@ -528,8 +498,8 @@ def fall_back(
     return retried, superseded
 
 
-def more_likely(latest, earlier, options: FallbackOptions):
-    """Of two failed attempts ``(attempt, output)``, the one to keep and the other (None if none)."""
+def _more_likely(latest, earlier, options: FallbackOptions):
+    """Of two failed attempts ``(window, output)``, the one to keep and the other (None if none)."""
     if earlier is None:
         return latest, None
 

@@ -4,11 +4,10 @@ splits the answer back): one encoder pass and one decode for inputs that each wo
 
 :func:`packed_window` is the one pack's work, a driver as ``runners.driver``'s: the window decoded
 greedily, its capture fetched, each input's words split back by attention and timed on its own block
-of it. An input whose own text fails openai-whisper's fallback test is read again in the same window
-at the next temperatures, decoded on from the text before it. An input that cannot be split from its
-neighbours comes back without a transcript: it is packed once more, then runs alone with the full
-fallback (:func:`packed_transcriptions`): no input is left without its answer, and none gets a
-neighbour's words.
+of it. An input that cannot be split from its neighbours, or whose own text fails
+openai-whisper's fallback test, comes back without a transcript: the first is packed once more, then
+runs alone with the full fallback, the second runs alone at once (:func:`packed_transcriptions`): no
+input is left without its answer, and none gets a neighbour's words.
 
 Where it applies: inputs that wait together. The offline API packs the inputs of one call
 (:func:`transcriptions`); the server and the corpus job pack the requests that wait for the engine
@@ -25,15 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from vllm_whisper_align.align.packing import given_ranges, split_window, text_ranges
+from vllm_whisper_align.align.packing import split_window
 from vllm_whisper_align.align.results import InOrder, RequestInfo, TimedWindow, Transcript
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
-from vllm_whisper_align.protocol import AlignmentRequest
+from vllm_whisper_align.options import AlignmentOptions, FallbackOptions, TranscriptionOptions
 from vllm_whisper_align.runners import decoding
 from vllm_whisper_align.runners.driver import (
     Command,
@@ -41,9 +39,7 @@ from vllm_whisper_align.runners.driver import (
     Discard,
     Driver,
     EngineFacts,
-    EngineRequest,
     Fetch,
-    Generate,
     alignment,
     decode_windows,
     together,
@@ -52,6 +48,11 @@ from vllm_whisper_align.runners.driver import (
 from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
+
+# What packed_window answers for an input whose own text fails openai-whisper's fallback test: it runs
+# alone at once (its window was read; another window would read it as badly). None: not split from
+# its neighbours, worth one more window.
+ALONE = "alone"
 
 
 def packable(
@@ -104,10 +105,10 @@ def packed_window(
     language: str | None,
     task: str,
     options: TranscriptionOptions,
-) -> Generator[Command, Any, list[Transcript | ReadAgain | None]]:
+) -> Generator[Command, Any, list[Transcript | str | None]]:
     """``inputs`` (each :func:`packable`, that fit one window together) transcribed in one window:
-    each one's transcript, or None where it was not split from its neighbours (packed again), or
-    :class:`ReadAgain` where its own text fails the fallback test (:func:`read_again`)."""
+    each one's transcript, or None where it was not split from its neighbours (packed again), or ALONE
+    where its own text fails the fallback test (it runs alone)."""
     tokens = facts.tokens
     laid = packing.pack(inputs)
     cap = packed_token_cap([len(samples) for samples in inputs])
@@ -120,7 +121,7 @@ def packed_window(
         suppress_tokens=facts.suppress_tokens,
         windows=[AudioChunk.whole(laid.samples)],
     )
-    # The window is read greedily once; the fallback's other temperatures read each failing input.
+    # The window is read greedily once: an input whose own text fails the fallback test runs alone.
     plan.fallback = replace(plan.fallback, temperatures=(0.0,))
     outputs: list[decoding.WindowOutput | None] = [None]
     yield from decode_windows(plan, outputs, [0], tokens)
@@ -129,208 +130,59 @@ def packed_window(
     if decoding.is_silent(output, plan.fallback):
         yield Discard([window.alignment.key])
         return [None] * len(inputs)
-    split = yield from _split(laid, inputs, window, output, tokens, plan.info.language)
-    if split is None:
-        return [None] * len(inputs)
-    ranges, parts = split
-    results: list[Transcript | ReadAgain | None] = []
-    for k, (part, samples) in enumerate(zip(parts, inputs, strict=True)):
-        if part is not None and decoding.needs_fallback(part.window.output, options.fallback):
-            results.append(ReadAgain(laid, inputs, k, window, output, ranges[k][0], part, plan.info, options))
-        else:
-            results.append(_transcript(part, samples, plan.info, tokens))
-    return results
+    [transcripts] = yield from _split(laid, inputs, plan, outputs, tokens, plan.fallback)
+    return transcripts
 
 
 def _split(
     laid: packing.Packed,
     inputs: Sequence[np.ndarray],
-    window: decoding.WindowRequest,
-    output: decoding.WindowOutput,
+    plan: decoding.Plan,
+    outputs: list,
     tokens: WhisperTokens,
-    language: str,
+    fallback: FallbackOptions | None,
     forced: Sequence[int] | None = None,
-) -> Generator[Command, Any, tuple[list, list[TimedWindow | None]] | None]:
-    """The window's capture fetched and split: each input's token range and part (None where it has
-    none); None where the worker has no capture for the window (every input runs alone)."""
-    assert window.alignment is not None
-    [answer] = yield from _fetch([(window.alignment.key, len(output.token_ids))])
+) -> Generator[Command, Any, list[list[Transcript | str | None]]]:
+    """The window's capture fetched and split into each input's transcript (:func:`_transcript`)."""
+    window, output = plan.windows[0], outputs[0]
+    fetched = yield Fetch(decoding.alignment_requests(plan, outputs))
+    answer = next((a for a in fetched if a.get("key") == window.alignment.key), None)
+    info = plan.info
 
-    def split() -> tuple[list, list[TimedWindow | None]] | None:
+    def split() -> list[Transcript | str | None]:
         try:
-            if forced is None:
-                ranges = text_ranges(laid, output, window.alignment, answer, tokens, language)
-            else:
-                ranges = given_ranges(forced)
-            return ranges, split_window(
-                laid, inputs, output, window.alignment, answer, tokens, ranges, forced is not None
+            parts = split_window(
+                laid, inputs, output, window.alignment, answer, tokens, info.language, forced
             )
-        except ValueError as failure:
+        except ValueError as failure:  # no capture for the window: every input runs alone
             logger.warning(
                 "whisper-align: a packed window has no capture (%s); its inputs run alone", failure
             )
-            return None
+            return [None] * len(inputs)
+        return [
+            _transcript(part, samples, info, tokens, fallback)
+            for part, samples in zip(parts, inputs, strict=True)
+        ]
 
-    return (yield Compute([split]))[0]
-
-
-def _fetch(requests: list[tuple[str, int]]) -> Generator[Command, Any, list[dict | None]]:
-    """The workers' captures under these keys (each with its text token count), in order."""
-    fetched = yield Fetch([AlignmentRequest(key, count) for key, count in requests])
-    by_key = {a.get("key"): a for a in fetched}
-    return [by_key.get(key) for key, _ in requests]
+    return (yield Compute([split]))
 
 
 def _transcript(
-    part: TimedWindow | None, samples: np.ndarray, info: RequestInfo, tokens: WhisperTokens
-) -> Transcript | None:
-    """One input's transcript from its part of a window; None where it has no part."""
+    part: TimedWindow | None,
+    samples: np.ndarray,
+    info: RequestInfo,
+    tokens: WhisperTokens,
+    fallback: FallbackOptions | None,
+) -> Transcript | str | None:
+    """One input's transcript from its part of the window; None where it was not split, ALONE where
+    its own text fails the fallback test (``fallback``; None: given text, never tested)."""
     if part is None:
         return None
+    if fallback is not None and decoding.needs_fallback(part.window.output, fallback):
+        return ALONE
     in_order = InOrder(tokens, replace(info, duration=len(samples) / SAMPLE_RATE))
     in_order.add(part)
     return in_order.transcript()
-
-
-@dataclass(frozen=True)
-class ReadAgain:
-    """An input of a packed window whose own text failed openai-whisper's fallback test there: where
-    it is (its window, the window's greedy text, and its first token in that text), and its greedy
-    part, kept where every further temperature fails too."""
-
-    laid: packing.Packed
-    inputs: Sequence[np.ndarray]
-    index: int
-    window: decoding.WindowRequest
-    output: decoding.WindowOutput
-    first: int
-    part: TimedWindow
-    info: RequestInfo
-    options: TranscriptionOptions
-
-    @property
-    def samples(self) -> np.ndarray:
-        return self.inputs[self.index]
-
-    def prefix(self) -> list[int]:
-        """The window's text before this input's."""
-        return self.output.token_ids[: self.first]
-
-
-def read_again(inputs: Sequence[ReadAgain], facts: EngineFacts) -> Generator[Command, Any, list[Transcript]]:
-    """openai-whisper's temperature fallback for inputs whose own text failed its test in their packed
-    window, all together: at each further temperature the window is decoded on from the text before
-    the input (a prompt; the encoder's output is the cached one), sampled ``best_of`` times, the
-    likeliest candidate kept and split, and the input's own part tested again. Where every
-    temperature fails, the input keeps its likeliest attempt, its greedy one among them, as an input
-    alone does (``decoding.fall_back``).
-
-    Alone, each such input would pay the encoder for a whole window again, and its decode would not
-    see the inputs before it, which it was read beside."""
-    tokens = facts.tokens
-    kept = [item.part for item in inputs]
-    results: list[Transcript | None] = [None] * len(inputs)
-    pending = list(range(len(inputs)))
-    for attempt in range(1, max((len(item.options.fallback.temperatures) for item in inputs), default=0)):
-        pending = [k for k in pending if attempt < len(inputs[k].options.fallback.temperatures)]
-        if not pending:
-            break
-        runs = [_decoded_on(inputs[k], facts, attempt) for k in pending]
-        finals = yield Generate(
-            [
-                EngineRequest(
-                    c.engine_prompt(), c.sampling_params, f"again{k}-{attempt}-{j}", c.capture_keys()
-                )
-                for k, run in zip(pending, runs, strict=True)
-                for j, c in enumerate(run.candidates())
-            ]
-        )
-        candidates = [c for run in runs for c in run.candidates()]
-        sampled = [
-            decoding.window_output(c, final, tokens) for c, final in zip(candidates, finals, strict=True)
-        ]
-        best, best_outputs, dropped = decoding.keep_best(runs, sampled)
-        if dropped:
-            yield Discard(dropped)
-        texts = [_continued(inputs[k], text) for k, text in zip(pending, best_outputs, strict=True)]
-        answers = yield from _fetch(
-            [(run.alignment.key, len(text.token_ids)) for run, text in zip(best, texts, strict=True)]  # type: ignore[union-attr]
-        )
-
-        def parts(best=best, texts=texts, answers=answers, pending=pending) -> list[TimedWindow | None]:
-            return [
-                _part_read_again(inputs[k], run, text, answer, tokens)
-                for k, run, text, answer in zip(pending, best, texts, answers, strict=True)
-            ]
-
-        [again] = yield Compute([parts])
-        still = []
-        for k, part in zip(pending, again, strict=True):
-            fallback = inputs[k].options.fallback
-            if part is not None and not decoding.needs_fallback(part.window.output, fallback):
-                results[k] = _transcript(part, inputs[k].samples, inputs[k].info, tokens)
-                continue
-            if part is not None:
-                (kept[k], _), _ = decoding.more_likely(
-                    (part, part.window.output), (kept[k], kept[k].window.output), fallback
-                )
-            still.append(k)
-        pending = still
-    return [
-        result if result is not None else _transcript(part, item.samples, item.info, tokens)
-        for result, part, item in zip(results, kept, inputs, strict=True)
-    ]  # type: ignore[misc]
-
-
-def _decoded_on(item: ReadAgain, facts: EngineFacts, attempt: int) -> decoding.WindowRequest:
-    """The request that reads ``item`` again at fallback attempt ``attempt``: its window decoded on from
-    the text before it, for no more than its own text."""
-    fallback = item.options.fallback
-    return decoding.continuation_window(
-        item.window.audio,
-        item.window.prompt_token_ids,
-        item.prefix(),
-        packed_token_cap([len(item.samples)]),
-        item.options,
-        facts.suppress_tokens,
-        attempt,
-        fallback.temperatures[attempt],
-        fallback.best_of,
-    )
-
-
-def _continued(item: ReadAgain, sampled: decoding.WindowOutput) -> decoding.WindowOutput:
-    """The window's text before ``item`` followed by what was decoded on from there."""
-    return replace(
-        sampled,
-        token_ids=[*item.prefix(), *sampled.token_ids],
-        token_logprobs=[*item.output.token_logprobs[: item.first], *sampled.token_logprobs],
-        no_speech_prob=item.output.no_speech_prob,
-        token_ranks=None,
-    )
-
-
-def _part_read_again(
-    item: ReadAgain,
-    run: decoding.WindowRequest,
-    text: decoding.WindowOutput,
-    answer: dict | None,
-    tokens: WhisperTokens,
-) -> TimedWindow | None:
-    """``item``'s part of its window decoded on from its first token; None where its words were not
-    told apart from its neighbours' (or the split gave it words of the text before it)."""
-    assert run.alignment is not None
-    if answer is None:
-        return None
-    try:
-        ranges = text_ranges(item.laid, text, run.alignment, answer, tokens, item.info.language)
-    except ValueError:
-        return None
-    span = ranges[item.index]
-    if span is None or span[0] < item.first:
-        return None
-    only = [span if k == item.index else None for k in range(len(ranges))]
-    return split_window(item.laid, item.inputs, text, run.alignment, answer, tokens, only)[item.index]
 
 
 # ---------------------------------------------------------------------------- forced alignment
@@ -369,7 +221,7 @@ def packed_alignment_window(
     *,
     language: str | None,
     options: AlignmentOptions,
-) -> Generator[Command, Any, list[Transcript | None]]:
+) -> Generator[Command, Any, list[Transcript | str | None]]:
     """Forced alignments (each :func:`alignable`, that fit one window and the decoder together) in one
     window: their texts forced in order, so each input's tokens are known; each one's transcript (None:
     no capture, it runs alone)."""
@@ -384,16 +236,9 @@ def packed_alignment_window(
     )
     outputs: list[decoding.WindowOutput | None] = [None]
     yield from decode_windows(plan, outputs, [0], tokens)
-    window, output = plan.windows[0], outputs[0]
-    assert output is not None
-    split = yield from _split(
-        laid, inputs, window, output, tokens, plan.info.language, [len(ids) for ids in given]
-    )
-    if split is None:
-        return [None] * len(inputs)
-    return [
-        _transcript(part, samples, plan.info, tokens) for part, samples in zip(split[1], inputs, strict=True)
-    ]
+    counts = [len(ids) for ids in given]
+    [transcripts] = yield from _split(laid, inputs, plan, outputs, tokens, None, counts)
+    return transcripts
 
 
 def packed_alignments(
@@ -490,11 +335,10 @@ def packed_transcriptions(
     packings: int = PACKINGS,
 ) -> Generator[Command, Any, list[Transcript]]:
     """:func:`packed_window`; the inputs it gives back unsplit are packed again (``packings`` windows
-    in all), then run alone; those it gives back to read again are (:func:`read_again`), beside them."""
+    in all), then run alone; those whose own text failed the fallback test (ALONE) run alone at once."""
     results = yield from packed_window(inputs, facts, language=language, task=task, options=options)
     again = [k for k, result in enumerate(results) if result is None]
-    read = [k for k, result in enumerate(results) if isinstance(result, ReadAgain)]
-    alone: list[int] = []
+    alone = [k for k, result in enumerate(results) if result == ALONE]
     if len(again) > 1 and packings > 1:
         packed_again = packed_transcriptions(
             [inputs[k] for k in again],
@@ -505,15 +349,12 @@ def packed_transcriptions(
             packings=packings - 1,
         )
     else:
-        packed_again, alone = None, again
+        packed_again, alone = None, sorted(alone + again)
     work = [transcription(inputs[k], facts, language=language, task=task, options=options) for k in alone]
-    work.append(read_again([results[k] for k in read], facts))  # type: ignore[misc]
     if packed_again is not None:
         work.append(packed_again)
     answers = yield from together(work, prefix="alone")
     for k, result in zip(alone, answers, strict=False):
-        results[k] = result
-    for k, result in zip(read, answers[len(alone)], strict=True):
         results[k] = result
     if packed_again is not None:
         for k, result in zip(again, answers[-1], strict=True):
@@ -633,12 +474,7 @@ class PackQueue:
         self.in_flight = 0  # windows taken from the queue and not yet answered
         self._tasks: set[asyncio.Task] = set()
         # For the stats route: windows of several inputs run, the inputs in them, those sent back alone.
-        self.counts = {
-            "packed_windows": 0,
-            "packed_inputs": 0,
-            "packed_inputs_read_again": 0,
-            "packed_inputs_run_alone": 0,
-        }
+        self.counts = {"packed_windows": 0, "packed_inputs": 0, "packed_inputs_run_alone": 0}
 
     async def transcribe(
         self,
@@ -677,12 +513,8 @@ class PackQueue:
                 raise
             if isinstance(result, Transcript):
                 return result
-            if isinstance(result, ReadAgain):
-                self.counts["packed_inputs_read_again"] += 1
-                [transcript] = await self.run(read_again([result], self.facts), item.request_id, lambda: None)
-                return transcript
             item.packings += 1
-            if item.given is not None or item.packings >= PACKINGS:
+            if result == ALONE or item.given is not None or item.packings >= PACKINGS:
                 self.counts["packed_inputs_run_alone"] += 1
                 return await self.run(self._alone(item), item.request_id, lambda: None)
             # packed again with whoever waits first, ahead of those that came after it
