@@ -5,6 +5,7 @@ streaming_bench.py, through a real server and WebSocket client).
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --real 4 [-v]
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --held-out --real 8
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --prefixes --real 4
 
 ``--held-out`` streams recordings the bench's set does not hold, to check a policy change made while
 reading the bench's set: its synthetic sentences in two other orders, the joined real pairs that begin
@@ -14,6 +15,12 @@ Per recording and in all: the delay of each confirmed word (the virtual time it 
 the end of the audio that holds its end), each decode's time, the WER of the streamed words against
 the offline transcription of the same audio, starts within 50 ms of the truth, and sentence ends
 (words ending in . ? !) streamed and offline.
+
+``--prefixes`` streams nothing: it decodes each recording's first seconds, ``STEP_S`` more at a time
+(from its start: more audio than a live buffer holds once trimmed), and counts the offline words that
+the first such decode to hear ``LAST_WORD_HEARD_AFTER_S`` past them reads otherwise (pairs with no equal
+word), and those that it and the next both read otherwise: words no policy that confirms from those
+decodes gets as offline does, short of waiting longer.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ sys.path.insert(0, str(HERE))
 from streaming_bench import CHUNK_S, plain, recordings, within  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
-from tests.support.speech import concatenate_clips, sentence_clips, word_errors  # noqa: E402
+from tests.support.speech import align_words, concatenate_clips, sentence_clips, word_errors  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
-from vllm_whisper_align.live.buffer import RollingBuffer  # noqa: E402
+from vllm_whisper_align.live.agreement import LAST_WORD_HEARD_AFTER_S  # noqa: E402
+from vllm_whisper_align.live.buffer import STEP_S, RollingBuffer  # noqa: E402
 from vllm_whisper_align.options import TranscriptionOptions  # noqa: E402
 from vllm_whisper_align.runners.live import believed_words, decode_work  # noqa: E402
 
@@ -96,11 +104,47 @@ def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
     return confirmed, took
 
 
+def prefixes(aligner, samples: np.ndarray, offline: list, verbose: bool) -> tuple[int, int, int]:
+    """Of the offline words, how many the first decode of the audio so far that heard
+    ``LAST_WORD_HEARD_AFTER_S`` past each reads otherwise, how many that decode and the next both read
+    otherwise (two decodes a policy could agree on), and how many words there are. Greedy only, as a
+    live decode (no fallback), and each decode alone (no packing)."""
+    cuts = np.arange(STEP_S, len(samples) / SAMPLE_RATE + STEP_S / 2, STEP_S)
+    audio_so_far = [samples[: int(cut * SAMPLE_RATE)] for cut in cuts]
+    decodes = aligner.transcribe(
+        audio_so_far, packing=False, compression_ratio_threshold=None, logprob_threshold=None
+    )
+    if verbose:
+        for cut, decode in zip(cuts, decodes, strict=True):
+            print(f"{cut:6.2f} s: {''.join(w.word for w in decode.words)}")
+    reference = [plain(w.word) for w in offline]
+    paired = [{i for i, _ in align_words(reference, [plain(w.word) for w in d.words])} for d in decodes]
+    first = second = 0
+    for index, word in enumerate(offline):
+        heard_past = [k for k, cut in enumerate(cuts) if cut >= word.end + LAST_WORD_HEARD_AFTER_S][:2]
+        misread = [index not in paired[k] for k in heard_past]
+        first += misread[0] if misread else 0
+        second += all(misread) if len(misread) == 2 else 0
+    return first, second, len(offline)
+
+
+def main_prefixes(aligner, chosen: list[tuple[str, object]], verbose: bool) -> None:
+    totals: dict[str, np.ndarray] = {}
+    for kind, clip in chosen:
+        offline = aligner.transcribe([clip.samples])[0].words
+        counts = np.array(prefixes(aligner, clip.samples, offline, verbose))
+        print(f"{kind} {clip.duration:.1f} s: misread by one {counts[0]}, two {counts[1]}, of {counts[2]}")
+        totals[kind] = totals.get(kind, 0) + counts
+    for kind, (first, second, words) in totals.items():
+        print(f"{kind}: misread by the first decode {first}/{words}, by it and the next {second}/{words}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--real", type=int, default=3, help="joined real-speech recordings (of 20)")
     parser.add_argument("--decode-s", type=float, default=None, help="virtual seconds per decode")
     parser.add_argument("--held-out", action="store_true", help="the recordings the bench does not hold")
+    parser.add_argument("--prefixes", action="store_true", help="decode the audio so far; no policy")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     from vllm_whisper_align.runners.offline import WhisperAligner
@@ -108,7 +152,10 @@ def main() -> None:
     rows = []
     with WhisperAligner(None, dtype="float32") as aligner:
         aligner.transcribe([np.zeros(SAMPLE_RATE, dtype=np.float32)])  # warm-up
-        for kind, clip in (held_out if args.held_out else recordings)(args.real):
+        chosen = (held_out if args.held_out else recordings)(args.real)
+        if args.prefixes:
+            return main_prefixes(aligner, chosen, args.verbose)
+        for kind, clip in chosen:
             offline = aligner.transcribe([clip.samples])[0].words
             confirmed, took = stream(aligner, clip.samples, args.decode_s, args.verbose)
             live = [word for word, _ in confirmed]
