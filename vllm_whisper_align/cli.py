@@ -599,8 +599,10 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 
     vllm_logging_now()  # the defaults' line comes before vLLM's server configures logging
     model = resolve_model(model_name)
+    from vllm_whisper_align.server.limits import http_environment
+
     defaults, engine_env = _serve_defaults(model_name, model, server_argv)
-    env = {**os.environ, **engine_env}
+    env = {**os.environ, **engine_env, **http_environment()}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
     # Our module runs vLLM's own serve command (see engine.vllm_internals.run_vllm_serve): --headless and

@@ -4,6 +4,7 @@ naming the field, no input silently dropped, and no request class stalling the o
 from __future__ import annotations
 
 import asyncio
+import http.client
 import select
 import socket
 import statistics
@@ -212,6 +213,23 @@ def test_decompression_bombs_neither_stall_a_clip_nor_cost_more_than_a_moment(se
     for answer in answers:
         assert_openai_error(answer, "decompression bomb")
     assert beside <= 2 * solo + 1.0, (solo, beside)
+
+
+def test_a_connection_idle_as_long_as_httpx_keeps_one_still_serves(server):
+    """vLLM's server closed connections idle for 5 s, as long as httpx's pool (the openai client's)
+    keeps them: a client reusing one at about 5 s sent its request as the server closed it, and lost
+    it (a ReadError, nothing in the server's log). ``serve`` keeps idle connections open longer."""
+    address = urlparse(server)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+    try:
+        for wait_s in (0, 6):  # past vLLM's 5 s
+            time.sleep(wait_s)
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200
+    finally:
+        connection.close()
 
 
 @pytest.mark.parametrize("route", ["transcriptions", "alignments"])

@@ -181,3 +181,10 @@ def test_engine_processes_import_neither_numba_nor_the_api_side():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_serve_keeps_idle_connections_unless_the_user_says_otherwise():
+    from vllm_whisper_align.server.limits import KEEP_ALIVE_ENV, KEEP_ALIVE_S, http_environment
+
+    assert http_environment({}) == {KEEP_ALIVE_ENV: str(KEEP_ALIVE_S)}
+    assert http_environment({KEEP_ALIVE_ENV: "5"}) == {}

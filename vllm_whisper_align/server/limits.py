@@ -1,13 +1,21 @@
 """What the server accepts: the longest audio, the largest upload, how long a body may stall; from its
-environment."""
+environment. And how long it keeps an idle connection open, which ``serve`` sets in that environment."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MAX_AUDIO_ENV = "VLLM_WHISPER_ALIGN_MAX_AUDIO_S"
 BODY_IDLE_ENV = "VLLM_WHISPER_ALIGN_BODY_IDLE_S"
+# vLLM's HTTP server (uvicorn) closes a connection left idle this long after a response. vLLM's default,
+# 5 s, is also how long httpx's pool (the openai client's) keeps an idle connection: a client reusing one
+# idle for about 5 s sends its request while the server closes it, and loses it (a ReadError, with
+# nothing in the server's log). Longer than common clients' pools keep theirs (httpx 5 s, aiohttp 15 s,
+# Go 90 s), so that the client is the one to close.
+KEEP_ALIVE_ENV = "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"
+KEEP_ALIVE_S = 120
 
 
 @dataclass(frozen=True)
@@ -30,3 +38,8 @@ class ServerLimits:
             max_file_mb=float(envs.VLLM_MAX_AUDIO_CLIP_FILESIZE_MB),
             body_idle_s=float(os.environ.get(BODY_IDLE_ENV, cls.body_idle_s)),
         )
+
+
+def http_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """vLLM's HTTP settings ``serve`` starts its server with, minus those already set (the user's win)."""
+    return {} if KEEP_ALIVE_ENV in environ else {KEEP_ALIVE_ENV: str(KEEP_ALIVE_S)}
