@@ -596,11 +596,10 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
         )
     from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.log import vllm_logging_now
+    from vllm_whisper_align.server.limits import http_environment
 
     vllm_logging_now()  # the defaults' line comes before vLLM's server configures logging
     model = resolve_model(model_name)
-    from vllm_whisper_align.server.limits import http_environment
-
     defaults, engine_env = _serve_defaults(model_name, model, server_argv)
     env = {**os.environ, **engine_env, **http_environment()}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
