@@ -21,6 +21,7 @@ import websockets
 from tests.support.servers import assert_openai_error, free_port, wav_bytes
 from tests.support.speech import align_words, concatenate_clips, long_clip, sentence_clips, word_errors
 from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.live import buffer as live_buffer
 
 MAX_AUDIO_S = 120
 # What a realtime client sends at a time: 100 ms of PCM16.
@@ -299,6 +300,45 @@ def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
     assert stats["tracked"] == 0 and stats["parked"] == 0 and stats["requests_in_flight"] == 0, stats
     live = asyncio.run(stream_live(server, sentence_clips()[0].samples, speed=4.0))
     assert "mat" in plain_words([event for _, event in live["words"]])
+
+
+def test_a_client_far_ahead_of_real_time_waits_at_the_engines_pace_and_loses_nothing(server):
+    """A client sends more audio than the server takes waiting at once (MAX_AUDIO_S) as fast as it can:
+    it is not refused but held back (the server stops reading its socket while a stream's buffer is
+    full), the audio the server holds for it stays within a few decodes' worth, and every part of the
+    recording is confirmed."""
+    clip = long_clip(MAX_AUDIO_S + 30)
+    bound = (live_buffer.MAX_WAITING_S + live_buffer.WINDOW_S + 1) * SAMPLE_RATE
+    held: list[int] = []
+
+    async def far_ahead() -> list[dict]:
+        async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
+            await socket.recv()
+
+            async def send_all() -> None:
+                for chunk in pcm16_chunks(clip.samples):
+                    await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+                await socket.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+            async def watch() -> None:
+                while True:
+                    held.append((await asyncio.to_thread(live_stats, server))["live_buffered_samples"])
+                    await asyncio.sleep(0.2)
+
+            tasks = [asyncio.create_task(send_all()), asyncio.create_task(watch())]
+            events = []
+            while not events or events[-1]["type"] != "transcription.done":
+                events.append(json.loads(await asyncio.wait_for(socket.recv(), timeout=120)))
+            for task in tasks:
+                task.cancel()
+            return events
+
+    events = asyncio.run(far_ahead())
+    assert not [event for event in events if event["type"] == "error"], events[:3]
+    assert held and max(held) <= bound, (max(held), bound)
+    words = events[-1]["words"]
+    assert words[-1]["end"] >= clip.duration - 5, (words[-1], clip.duration)
+    assert len(words) >= 0.8 * len(clip.words), (len(words), len(clip.words))
 
 
 def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):

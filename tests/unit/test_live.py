@@ -225,6 +225,41 @@ def test_stdin_chunks_read_pcm16_as_it_comes_and_refuse_an_odd_byte():
         list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm + b"\0"))))
 
 
+def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
+    """A pipe or a file sent at once (the CLI's in-process stream): its reader waits while
+    MAX_WAITING_S of audio waits for decodes, and goes on as decodes take audio in."""
+    import queue
+    import time
+
+    from vllm_whisper_align.runners import live
+
+    chunk = np.zeros(int(live.CHUNK_S * SAMPLE_RATE), dtype=np.float32)
+    total = int(3 * live_buffer.MAX_WAITING_S / live.CHUNK_S)
+    read = []
+
+    def source():
+        for index in range(total):
+            read.append(index)
+            yield chunk
+
+    arrived: queue.Queue = queue.Queue(maxsize=live.ARRIVED_CHUNKS)
+    reader = live._start_reading(source(), arrived)
+    buffer = RollingBuffer()
+    deadline = time.monotonic() + 30
+    while (buffer.has_room or not arrived.full()) and time.monotonic() < deadline:
+        live._receive(buffer, arrived, block=False)
+        time.sleep(0.01)
+    assert arrived.full() and not buffer.has_room, (arrived.qsize(), buffer.new_seconds)
+    ahead = live_buffer.MAX_WAITING_S / live.CHUNK_S + live.ARRIVED_CHUNKS + 2
+    assert len(read) <= ahead, (len(read), ahead)
+    while not buffer.ended or buffer.arrived:
+        live._receive(buffer, arrived, block=not buffer.wants_decode())
+        if buffer.wants_decode():
+            buffer.next_decode()
+    reader.join(timeout=30)
+    assert len(read) == total and buffer.stream_seconds == pytest.approx(total * live.CHUNK_S)
+
+
 def test_realtime_url_of_a_server():
     from vllm_whisper_align.errors import InputError
     from vllm_whisper_align.realtime_client import realtime_url

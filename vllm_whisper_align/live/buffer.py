@@ -32,6 +32,11 @@ from vllm_whisper_align.live.agreement import Agreement
 STEP_S = 0.5
 # The most new audio one decode takes in, for a client sending faster than real time.
 MAX_STEP_S = 5.0
+# The most audio a stream holds that no decode has taken in yet. Past it the source is not read (the
+# server stops reading the client's socket, the CLI its pipe) until decodes have taken some in: a
+# client far ahead of real time, a file sent at once, then waits at the engine's pace, with a few
+# decodes' worth of audio in memory rather than all it sent, and is never refused for sending fast.
+MAX_WAITING_S = 30.0
 # The buffer holds at most one window.
 WINDOW_S = float(CHUNK_SECONDS)
 # Over this long, the buffer is trimmed at its last confirmed sentence end.
@@ -86,6 +91,11 @@ class RollingBuffer:
     @property
     def new_seconds(self) -> float:
         return sum(len(a) for a in self.arrived) / SAMPLE_RATE
+
+    @property
+    def has_room(self) -> bool:
+        """More audio may be read in: less than ``MAX_WAITING_S`` waits for a decode to take it."""
+        return self.new_seconds < MAX_WAITING_S
 
     @property
     def seconds(self) -> float:

@@ -79,6 +79,22 @@ class LiveStream:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     # A decode of this stream is in a round now.
     busy: bool = False
+    # Set while its buffer has room for more audio (``RollingBuffer.has_room``): its client is read.
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.room.set()
+
+    def set_buffer(self, buffer: RollingBuffer) -> None:
+        self.buffer = buffer
+        self.check_room()
+
+    def check_room(self) -> None:
+        """``room`` as the buffer stands: set when more audio may come in, cleared when it may not."""
+        if self.buffer.has_room:
+            self.room.set()
+        else:
+            self.room.clear()
 
     def decode_work(self, decode: Decode, facts: driver.EngineFacts) -> driver.Driver:
         return decode_work(decode, facts, self.language, self.prompt, self.options)
@@ -135,6 +151,7 @@ class LiveStreams:
 
     def append(self, stream: LiveStream, samples: np.ndarray) -> None:
         stream.buffer.append(samples)
+        stream.check_room()
         self._wake.set()
 
     def end(self, stream: LiveStream) -> None:
@@ -169,6 +186,8 @@ class LiveStreams:
 
     async def _round(self, streams: list[LiveStream]) -> None:
         decodes = [stream.buffer.next_decode() for stream in streams]
+        for stream in streams:
+            stream.check_room()
         facts = self.service.facts
         work = driver.together(
             [driver.settled(s.decode_work(d, facts)) for s, d in zip(streams, decodes, strict=True)]
@@ -205,13 +224,13 @@ class LiveStreams:
         if update.confirmed:
             stream.events.put_nowait(Confirmed(update.confirmed, []))
         stream.events.put_nowait(Finished(list(buffer.confirmed)))
-        stream.buffer = buffer.following()
+        stream.set_buffer(buffer.following())
 
     def _fail(self, stream: LiveStream, error: Exception) -> None:
         if not isinstance(error, InputError):
             logger.error("whisper-align: a live decode of %s failed: %s", stream.id, error)
         stream.events.put_nowait(Failed(error))
-        stream.buffer = stream.buffer.following()
+        stream.set_buffer(stream.buffer.following())
 
 
 # ---------------------------------------------------------------------------- in-process
@@ -230,7 +249,9 @@ def stream_in_process(
     (read in a thread: a file played at real time, or a pipe), decoded whenever a decode is due, each
     decode's update handed to ``on_update``; returns every confirmed word."""
     options = options or TranscriptionOptions()
-    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue()
+    # Bounded, so that the reader waits while the buffer is full (``_receive``) instead of reading all of
+    # a pipe or a file sent at once into memory.
+    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue(maxsize=ARRIVED_CHUNKS)
     reader = _start_reading(chunks, arrived)
     buffer = RollingBuffer()
     while not buffer.ended or buffer.arrived:
@@ -264,8 +285,9 @@ def _start_reading(chunks: Iterable[np.ndarray], arrived: queue.Queue) -> Any:
 
 
 def _receive(buffer: RollingBuffer, arrived: queue.Queue, block: bool) -> None:
-    """What has arrived into ``buffer`` (waiting for something first if ``block``); None ends it."""
-    while True:
+    """What has arrived into ``buffer``, as long as it has room (waiting for something first if
+    ``block``); None ends it."""
+    while buffer.has_room:
         try:
             chunk = arrived.get(block=block)
         except queue.Empty:
@@ -281,6 +303,8 @@ def _receive(buffer: RollingBuffer, arrived: queue.Queue, block: bool) -> None:
 
 # A file played, or a pipe read, in chunks of this long.
 CHUNK_S = 0.1
+# How many chunks the reader may be ahead of the buffer.
+ARRIVED_CHUNKS = 16
 
 
 def played(samples: np.ndarray, speed: float = 1.0, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:

@@ -79,6 +79,9 @@ class RealtimeSession:
                 self.websocket, {"type": "session.created", "id": self.stream.id, "created": int(time.time())}
             )
             while True:
+                # Not read while the stream's buffer is full: the socket's flow control then holds back
+                # a client ahead of real time, at the engine's pace (live.buffer.MAX_WAITING_S).
+                await self.stream.room.wait()
                 message = await self.websocket.receive_text()
                 await self._handle(message)
         except WebSocketDisconnect:
