@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterable
@@ -18,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from vllm_whisper_align.errors import InputError
+from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS
 
 REALTIME_PATH = "/v1/realtime"
 # The most one server message may be: transcription.done holds every word of the stream.
@@ -77,16 +79,26 @@ async def _stream(url: str, chunks: Iterable[np.ndarray], on_word, session: dict
 
 async def _send_audio(socket: Any, chunks: Iterable[np.ndarray]) -> None:
     loop = asyncio.get_running_loop()
-    arrived: asyncio.Queue[np.ndarray | Exception | None] = asyncio.Queue()
+    # Bounded: the server reads a stream only as fast as it decodes it (live.buffer.MAX_WAITING_S), and
+    # a pipe or a file sent at once waits here, in the reader, rather than in this queue.
+    arrived: asyncio.Queue[np.ndarray | Exception | None] = asyncio.Queue(maxsize=READ_AHEAD_CHUNKS)
+
+    def put(item: np.ndarray | Exception | None) -> None:
+        putting = arrived.put(item)
+        try:
+            asyncio.run_coroutine_threadsafe(putting, loop).result()
+        except BaseException:  # the stream is over: its loop closed, or this put cancelled with it
+            putting.close()
+            raise
 
     def read() -> None:
         try:
             for chunk in chunks:
-                loop.call_soon_threadsafe(arrived.put_nowait, chunk)
+                put(chunk)
+            put(None)
         except Exception as error:  # the source failed: raised here, the audio not committed
-            loop.call_soon_threadsafe(arrived.put_nowait, error)
-        finally:
-            loop.call_soon_threadsafe(arrived.put_nowait, None)
+            with contextlib.suppress(Exception):  # or the stream is over and nothing takes it
+                put(error)
 
     threading.Thread(target=read, name="stream-audio", daemon=True).start()
     while (chunk := await arrived.get()) is not None:

@@ -242,7 +242,7 @@ def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
             read.append(index)
             yield chunk
 
-    arrived: queue.Queue = queue.Queue(maxsize=live.ARRIVED_CHUNKS)
+    arrived: queue.Queue = queue.Queue(maxsize=live_buffer.READ_AHEAD_CHUNKS)
     reader = live._start_reading(source(), arrived)
     buffer = RollingBuffer()
     deadline = time.monotonic() + 30
@@ -250,7 +250,7 @@ def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
         live._receive(buffer, arrived, block=False)
         time.sleep(0.01)
     assert arrived.full() and not buffer.has_room, (arrived.qsize(), buffer.new_seconds)
-    ahead = live_buffer.MAX_WAITING_S / live.CHUNK_S + live.ARRIVED_CHUNKS + 2
+    ahead = live_buffer.MAX_WAITING_S / live.CHUNK_S + live_buffer.READ_AHEAD_CHUNKS + 2
     assert len(read) <= ahead, (len(read), ahead)
     while not buffer.ended or buffer.arrived:
         live._receive(buffer, arrived, block=not buffer.wants_decode())
@@ -258,6 +258,40 @@ def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
             buffer.next_decode()
     reader.join(timeout=30)
     assert len(read) == total and buffer.stream_seconds == pytest.approx(total * live.CHUNK_S)
+
+
+def test_the_realtime_client_reads_no_further_ahead_than_the_server_takes():
+    """A server that has stopped reading (its stream is full): the client's reader of a pipe waits too,
+    a few chunks ahead, instead of reading the whole pipe into memory."""
+    import asyncio
+    import time
+
+    from vllm_whisper_align.realtime_client import _send_audio
+
+    read = []
+
+    def source():
+        for index in range(1000):
+            read.append(index)
+            yield np.zeros(1600, dtype=np.float32)
+
+    class StalledSocket:
+        sent = 0
+
+        async def send(self, message: str) -> None:
+            self.sent += 1
+            if self.sent > 3:
+                await asyncio.Event().wait()  # the server reads no more
+
+    async def stalled() -> int:
+        sender = asyncio.create_task(_send_audio(StalledSocket(), source()))
+        started = time.monotonic()
+        while len(read) < 1000 and time.monotonic() - started < 2:
+            await asyncio.sleep(0.05)
+        sender.cancel()
+        return len(read)
+
+    assert asyncio.run(stalled()) <= 3 + live_buffer.READ_AHEAD_CHUNKS + 2, len(read)
 
 
 def test_realtime_url_of_a_server():

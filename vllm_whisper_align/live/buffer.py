@@ -37,6 +37,8 @@ MAX_STEP_S = 5.0
 # client far ahead of real time, a file sent at once, then waits at the engine's pace, with a few
 # decodes' worth of audio in memory rather than all it sent, and is never refused for sending fast.
 MAX_WAITING_S = 30.0
+# How many chunks a source's reader (a pipe, a file played) may be ahead of what its stream has taken.
+READ_AHEAD_CHUNKS = 16
 # The buffer holds at most one window.
 WINDOW_S = float(CHUNK_SECONDS)
 # Over this long, the buffer is trimmed at its last confirmed sentence end.

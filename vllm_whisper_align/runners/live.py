@@ -27,7 +27,7 @@ from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
-from vllm_whisper_align.live.buffer import Decode, RollingBuffer, Update
+from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS, Decode, RollingBuffer, Update
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import driver
@@ -251,7 +251,7 @@ def stream_in_process(
     options = options or TranscriptionOptions()
     # Bounded, so that the reader waits while the buffer is full (``_receive``) instead of reading all of
     # a pipe or a file sent at once into memory.
-    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue(maxsize=ARRIVED_CHUNKS)
+    arrived: queue.Queue[np.ndarray | Exception | None] = queue.Queue(maxsize=READ_AHEAD_CHUNKS)
     reader = _start_reading(chunks, arrived)
     buffer = RollingBuffer()
     while not buffer.ended or buffer.arrived:
@@ -303,8 +303,6 @@ def _receive(buffer: RollingBuffer, arrived: queue.Queue, block: bool) -> None:
 
 # A file played, or a pipe read, in chunks of this long.
 CHUNK_S = 0.1
-# How many chunks the reader may be ahead of the buffer.
-ARRIVED_CHUNKS = 16
 
 
 def played(samples: np.ndarray, speed: float = 1.0, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
