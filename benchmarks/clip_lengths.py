@@ -2,7 +2,8 @@
 (`--additional-config '{"whisper_align": {"packing": false}}'`), in one run on the same machine.
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py [--lengths 2,8,28] \
-        [--clients 32] [--rounds 3] [--parts serve,faster-whisper,batch]
+        [--forced-lengths 8] [--pack-alignments] [--clients 32] [--rounds 3] \
+        [--parts serve,faster-whisper,batch]
 
 The benchmark's continuous recording (benchmarks/audio.py, ~5 minutes of synthetic speech with word
 truth) is cut into back-to-back clips of each length; every clip is sent with the official `openai`
@@ -11,7 +12,9 @@ batch size), each pass on an idle server whose encoder cache is empty. Reported 
 medians of the rounds: audio seconds per wall second, words heard (truth words inside a clip found in
 its transcript), starts within 50 ms (of those truth words); the same on the real-speech set
 (tests/support/real_speech.py, its clips one request each), and forced alignment of the 8 s clips and
-the real-speech set with their truth texts (/v1/audio/alignments). Then (`--parts`) faster-whisper int8
+the real-speech set with their truth texts (/v1/audio/alignments; `--forced-lengths`: the cut clips
+force-aligned, `--pack-alignments`: the packed server packs them too, as
+`{"whisper_align": {"pack_alignments": true}}` does). Then (`--parts`) faster-whisper int8
 on the same clips in its best configuration here (1 thread x 2 workers; its venv from envs.py), and
 the corpus job (`batch`: a local Ray, 1 replica) packed and unpacked. A part run alone replaces its own
 figures in benchmarks/out/clip_lengths.json and keeps the others'; prints a section for
@@ -277,7 +280,8 @@ def report(result: dict) -> str:
         "",
         f"`{result['command']}`: `serve`'s defaults, each pass on an idle server with its encoder cache "
         f"empty, {result['clients']} clients, verbose_json with words; "
-        f"medians of {result['rounds']} rounds (faster-whisper: one).",
+        f"medians of {result['rounds']} rounds (faster-whisper: one)"
+        + ("; the packed server packs forced alignments too." if result.get("pack_alignments") else "."),
         "",
         "| clips | packed audio-s/wall-s | unpacked | packed / unpacked | faster-whisper int8 | "
         "words heard packed / unpacked / f-w | starts within 50 ms packed / unpacked / f-w | "
@@ -324,18 +328,30 @@ def main() -> None:
         default="serve,faster-whisper,batch",
         help="of serve, faster-whisper, batch (the corpus job)",
     )
+    parser.add_argument("--forced-lengths", default="8", help="clip lengths force-aligned, in seconds")
+    parser.add_argument(
+        "--pack-alignments", action="store_true", help="the packed server packs forced alignments too"
+    )
     args = parser.parse_args()
     whole = recording(make_continuous, ALIGN_MIN_SECONDS)
-    sets = {f"{s} s": cut(whole, float(s)) for s in args.lengths.split(",")}
+    lengths, forced_lengths = (
+        numbers.split(",") if numbers else [] for numbers in (args.lengths, args.forced_lengths)
+    )
+    sets = {f"{s} s": cut(whole, float(s)) for s in lengths}
     sets["real speech"] = list(real_speech.load_clips(log=lambda *_: None))
-    sets[f"{FORCED}8 s"] = sets["8 s"] if "8 s" in sets else cut(whole, 8.0)
+    for s in forced_lengths:
+        sets[f"{FORCED}{s} s"] = sets.get(f"{s} s") or cut(whole, float(s))
     sets[f"{FORCED}real speech"] = sets["real speech"]
+    servers = dict(SERVERS)
+    if args.pack_alignments:
+        servers["packed"] = ("--additional-config", json.dumps({"whisper_align": {"pack_alignments": True}}))
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu(),
         "python": platform.python_version(),
         "clients": args.clients,
         "rounds": args.rounds,
+        "pack_alignments": args.pack_alignments,
         "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/clip_lengths.py "
         + shlex.join(sys.argv[1:]),
         "servers": {},
@@ -343,7 +359,7 @@ def main() -> None:
     }
     parts = args.parts.split(",")
     if "serve" in parts:
-        for name, flags in SERVERS.items():
+        for name, flags in servers.items():
             log = OUT / "logs" / f"clip_lengths.{name}.log"
             result["servers"][name] = run_server(flags, sets, args.clients, args.rounds, log)
     if "faster-whisper" in parts:
