@@ -274,10 +274,9 @@ def _start_reading(chunks: Iterable[np.ndarray], arrived: queue.Queue) -> Any:
         try:
             for chunk in chunks:
                 arrived.put(chunk)
+            arrived.put(None)
         except Exception as error:  # the source failed: raised where the chunks are taken
             arrived.put(error)
-        finally:
-            arrived.put(None)
 
     reader = threading.Thread(target=read, name="live-audio", daemon=True)
     reader.start()
