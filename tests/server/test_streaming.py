@@ -275,18 +275,25 @@ def live_stats(server: str) -> dict:
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
-    """A client sends 20 s of speech as fast as it can and leaves while it is decoded: the stream, its
-    buffered audio and every capture of its decodes are gone (the stats route), the server serves on."""
-    clip = concatenate_clips(sentence_clips())
+    """A client sends more speech than a stream holds waiting, as fast as it can, and leaves while it is
+    decoded (the server not reading its socket then: the stream is full): the stream, its buffered
+    audio and every capture of its decodes are gone (the stats route), the server serves on."""
+    clip = long_clip(live_buffer.MAX_WAITING_S + 20)
 
     async def leave_mid_stream() -> dict:
         async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
             await socket.recv()
-            for chunk in pcm16_chunks(clip.samples):
-                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+
+            async def send_all() -> None:
+                for chunk in pcm16_chunks(clip.samples):
+                    await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+
+            sender = asyncio.create_task(send_all())
             while json.loads(await socket.recv())["type"] != "transcription.word":
                 pass  # decoding has started
-            return await asyncio.to_thread(live_stats, server)
+            stats = await asyncio.to_thread(live_stats, server)
+            sender.cancel()
+            return stats
 
     during = asyncio.run(leave_mid_stream())
     assert during["live_streams"] == 1 and during["live_buffered_samples"] > 0, during
