@@ -24,6 +24,10 @@ from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.live import buffer as live_buffer
 
 MAX_AUDIO_S = 120
+# Live streams open at once, and how long one at rest may send nothing: the server's own settings, small
+# enough to be reached here (two streams of one test, and a third still closing from the test before).
+MAX_LIVE_STREAMS = 3
+IDLE_S = 10
 # What a realtime client sends at a time: 100 ms of PCM16.
 CHUNK_S = 0.1
 
@@ -31,13 +35,17 @@ CHUNK_S = 0.1
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
     """`vllm-whisper-align serve` on a free port (WHISPER_ALIGN_TEST_SERVER reuses one started the same
-    way, with VLLM_WHISPER_ALIGN_MAX_AUDIO_S=120)."""
+    way, with the environment below)."""
     from tests.support.servers import running_server
 
     if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
         yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
         return
-    env = {"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)}
+    env = {
+        "VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S),
+        "VLLM_WHISPER_ALIGN_MAX_LIVE_STREAMS": str(MAX_LIVE_STREAMS),
+        "VLLM_WHISPER_ALIGN_BODY_IDLE_S": str(IDLE_S),
+    }
     with running_server(model_dir, tmp_path_factory.mktemp("server"), env=env) as base:
         yield base
 
@@ -346,6 +354,75 @@ def test_a_client_far_ahead_of_real_time_waits_at_the_engines_pace_and_loses_not
     words = events[-1]["words"]
     assert words[-1]["end"] >= clip.duration - 5, (words[-1], clip.duration)
     assert len(words) >= 0.8 * len(clip.words), (len(words), len(clip.words))
+
+
+async def recv(socket, timeout: float = 30) -> str:
+    """The socket's next message; a TimeoutError, not a test that hangs, where none comes."""
+    return await asyncio.wait_for(socket.recv(), timeout)
+
+
+def wait_for_live_streams(server: str, count: int) -> dict:
+    deadline = time.monotonic() + 30
+    while (stats := live_stats(server))["live_streams"] != count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return stats
+
+
+def test_live_streams_past_the_limit_are_refused_and_a_freed_place_is_taken_again(server):
+    """With MAX_LIVE_STREAMS open, the next connection gets a too_many_streams error and is closed
+    (1013: try again later); once one leaves, a new one is served."""
+    assert wait_for_live_streams(server, 0)["live_streams"] == 0
+
+    async def past_the_limit() -> tuple[dict, int | None, dict]:
+        sockets = [await websockets.connect(realtime_url(server)) for _ in range(MAX_LIVE_STREAMS)]
+        for socket in sockets:
+            assert json.loads(await recv(socket))["type"] == "session.created"
+        async with websockets.connect(realtime_url(server)) as refused:
+            answer = json.loads(await recv(refused))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await recv(refused)
+        await sockets.pop().close()
+        await asyncio.to_thread(wait_for_live_streams, server, MAX_LIVE_STREAMS - 1)
+        async with websockets.connect(realtime_url(server)) as again:
+            created = json.loads(await recv(again))
+        for socket in sockets:
+            await socket.close()
+        return answer, closed.value.rcvd.code if closed.value.rcvd else None, created
+
+    answer, close_code, created = asyncio.run(past_the_limit())
+    assert answer["type"] == "error" and answer["code"] == "too_many_streams", answer
+    assert str(MAX_LIVE_STREAMS) in answer["error"], answer
+    assert close_code == 1013
+    assert created["type"] == "session.created", created
+    assert wait_for_live_streams(server, 0)["live_streams"] == 0
+
+
+def test_a_live_stream_that_goes_quiet_is_closed_and_frees_its_place(server):
+    """A client that sends less audio than a decode takes and then nothing gets an idle_timeout error
+    after IDLE_S and is closed; its stream is gone. (A client waiting for the decode of audio it has
+    sent is not idle: tests/unit/test_live.py, test_a_stream_is_at_rest_...)"""
+
+    async def go_quiet() -> tuple[list[dict], float, int | None]:
+        events = []
+        async with websockets.connect(realtime_url(server)) as socket:
+            events.append(json.loads(await recv(socket)))
+            chunk = pcm16_chunks(sentence_clips()[0].samples)[0]
+            await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            quiet_since = time.monotonic()
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    events.append(json.loads(await recv(socket, timeout=IDLE_S + 30)))
+            return (
+                events,
+                time.monotonic() - quiet_since,
+                closed.value.rcvd.code if closed.value.rcvd else None,
+            )
+
+    events, quiet_for, close_code = asyncio.run(go_quiet())
+    assert [event["type"] for event in events] == ["session.created", "error"], events
+    assert events[-1]["code"] == "idle_timeout", events
+    assert IDLE_S <= quiet_for < IDLE_S + 10 and close_code == 1000, (quiet_for, close_code)
+    assert wait_for_live_streams(server, 0)["live_streams"] == 0
 
 
 def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):

@@ -188,3 +188,16 @@ def test_serve_keeps_idle_connections_unless_the_user_says_otherwise():
 
     assert http_environment({}) == {KEEP_ALIVE_ENV: str(KEEP_ALIVE_S)}
     assert http_environment({KEEP_ALIVE_ENV: "5"}) == {}
+
+
+def test_the_live_stream_limit_comes_from_the_environment_and_a_bad_one_is_named(monkeypatch):
+    from vllm_whisper_align.server.limits import MAX_LIVE_STREAMS_ENV, ServerLimits
+
+    monkeypatch.delenv(MAX_LIVE_STREAMS_ENV, raising=False)
+    assert ServerLimits.from_env().max_live_streams is None  # the engines' own batch (runners.live)
+    monkeypatch.setenv(MAX_LIVE_STREAMS_ENV, "4")
+    assert ServerLimits.from_env().max_live_streams == 4
+    for bad in ("0", "-1", "two", "2.5"):
+        monkeypatch.setenv(MAX_LIVE_STREAMS_ENV, bad)
+        with pytest.raises(ValueError, match=MAX_LIVE_STREAMS_ENV):
+            ServerLimits.from_env()

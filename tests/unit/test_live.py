@@ -324,3 +324,21 @@ def test_a_decode_not_believed_leaves_the_words_the_next_one_is_compared_with():
         buffer.append(np.zeros(SAMPLE_RATE, dtype=np.float32))
         update = buffer.take(buffer.next_decode(), words)
     assert texts(update.confirmed) == ["one", "two"]
+
+
+def test_a_stream_is_at_rest_only_with_nothing_of_it_decoded_or_due():
+    """The server closes a quiet stream only at rest (server/realtime.py): never one whose audio waits
+    for a decode, is in one, or has ended and waits for its last words."""
+    from vllm_whisper_align.runners.live import LiveStream
+
+    stream = LiveStream("s")
+    assert stream.at_rest
+    stream.buffer.append(np.zeros(int(live_buffer.STEP_S * SAMPLE_RATE), dtype=np.float32))
+    assert not stream.at_rest  # a decode is due
+    stream.buffer.next_decode()
+    stream.busy = True
+    assert not stream.at_rest  # in a round
+    stream.busy = False
+    assert stream.at_rest
+    stream.buffer.end()
+    assert not stream.at_rest  # its last words are still to come

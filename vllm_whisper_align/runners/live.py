@@ -96,6 +96,11 @@ class LiveStream:
         else:
             self.room.clear()
 
+    @property
+    def at_rest(self) -> bool:
+        """Nothing of it is being decoded or waits to be: its client owes the next audio."""
+        return not self.busy and not self.buffer.ended and not self.buffer.wants_decode()
+
     def decode_work(self, decode: Decode, facts: driver.EngineFacts) -> driver.Driver:
         return decode_work(decode, facts, self.language, self.prompt, self.options)
 
@@ -132,17 +137,31 @@ def believed_words(transcript: Transcript, options: TranscriptionOptions) -> lis
 # ---------------------------------------------------------------------------- on the server
 
 
-class LiveStreams:
-    """The server's open streams, decoded in rounds on ``service``'s engines."""
+class TooManyStreams(Exception):
+    """Every place for a live stream is taken: the client may try again later."""
 
-    def __init__(self, service: Any):
+
+class LiveStreams:
+    """The server's open streams, decoded in rounds on ``service``'s engines: at most ``max_streams`` at
+    once, by default as many as the engines decode together (``service.windows_in_flight``), so that a
+    round is one engine batch. Past that, each stream's words would come later for every stream open,
+    and the audio they hold (up to ``live.buffer.MAX_WAITING_S`` and a window each) would grow with no
+    bound."""
+
+    def __init__(self, service: Any, max_streams: int | None = None):
         self.service = service
+        self.max_streams = max_streams or service.windows_in_flight
         self.streams: dict[str, LiveStream] = {}
         self._wake = asyncio.Event()
         self._rounds: asyncio.Task | None = None
         self._round_numbers = itertools.count()
 
     def open(self, stream_id: str, **settings: Any) -> LiveStream:
+        if len(self.streams) >= self.max_streams:
+            raise TooManyStreams(
+                f"this server decodes at most {self.max_streams} live streams at once, and as many are "
+                "open; try again later"
+            )
         stream = LiveStream(stream_id, **settings)
         self.streams[stream_id] = stream
         if self._rounds is None or self._rounds.done():

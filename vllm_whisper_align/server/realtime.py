@@ -18,6 +18,11 @@ unconfirmed rest of the latest decode as ``transcription.partial`` (``text``: it
 partial, and may still change; vLLM's clients, which know no such event, ignore it); once the audio has
 ended and every word is confirmed, ``transcription.done`` (``text``, and ``words``: all of them). A
 mistake is an ``error`` event (``error``, ``code``), and the connection stays open.
+
+Two things close a connection, each after an ``error`` event: every place for a stream is taken
+(``too_many_streams``, WebSocket close code 1013, try again later), and a stream with nothing of it being
+decoded that sends nothing for ``body_idle_s`` (``idle_timeout``, code 1000): a client that went quiet
+without leaving would otherwise hold its place for ever.
 """
 
 from __future__ import annotations
@@ -39,8 +44,9 @@ from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TRANSCRIPTION_OPTIONS, TranscriptionOptions, echo
-from vllm_whisper_align.runners.live import Confirmed, Failed, Finished, LiveEvent, LiveStream
+from vllm_whisper_align.runners.live import Confirmed, Failed, Finished, LiveEvent, LiveStream, TooManyStreams
 from vllm_whisper_align.server.errors import RequestError, http_error
+from vllm_whisper_align.server.limits import MAX_LIVE_STREAMS_ENV
 from vllm_whisper_align.server.plugin import ServerState
 
 logger = get_logger(__name__)
@@ -50,6 +56,8 @@ router = APIRouter()
 # session.update's fields beyond ``type`` and ``model``; and the transcription options by name.
 SESSION_FIELDS = ("language", "prompt")
 OPTIONS = {option.name: option for option in TRANSCRIPTION_OPTIONS}
+# WebSocket close codes (RFC 6455; 1013 from IANA's registry): a normal close, and "try again later".
+CLOSE_NORMAL, CLOSE_TRY_AGAIN_LATER = 1000, 1013
 
 
 @router.websocket("/v1/realtime")
@@ -61,15 +69,21 @@ async def realtime(websocket: WebSocket) -> None:
         await _send(websocket, _error("word timestamps need an engine; this server has none", "no_engine"))
         await websocket.close()
         return
-    await RealtimeSession(websocket, state).run()
+    try:
+        stream = state.live.open(f"rt-{random_uuid()}")
+    except TooManyStreams as error:
+        logger.warning("whisper-align: a live stream refused: %s (%s)", error, MAX_LIVE_STREAMS_ENV)
+        await _send(websocket, _error(str(error), "too_many_streams"))
+        await websocket.close(CLOSE_TRY_AGAIN_LATER)
+        return
+    await RealtimeSession(websocket, state, stream).run()
 
 
 class RealtimeSession:
     """One connection: its stream, the events it receives and those it sends."""
 
-    def __init__(self, websocket: WebSocket, state: ServerState):
-        self.websocket, self.state = websocket, state
-        self.stream: LiveStream = state.live.open(f"rt-{random_uuid()}")
+    def __init__(self, websocket: WebSocket, state: ServerState, stream: LiveStream):
+        self.websocket, self.state, self.stream = websocket, state, stream
         self.partial = ""
 
     async def run(self) -> None:
@@ -82,7 +96,9 @@ class RealtimeSession:
                 # Not read while the stream's buffer is full: the socket's flow control then holds back
                 # a client ahead of real time, at the engine's pace (live.buffer.MAX_WAITING_S).
                 await self.stream.room.wait()
-                message = await self.websocket.receive_text()
+                message = await self._next_message()
+                if message is None:
+                    break
                 await self._handle(message)
         except WebSocketDisconnect:
             pass
@@ -94,6 +110,20 @@ class RealtimeSession:
             logger.info("%s: the client went away; its live buffer is dropped", self.stream.id)
 
     # ---- from the client
+
+    async def _next_message(self) -> str | None:
+        """The client's next message; None once it has sent nothing for ``body_idle_s`` while its stream
+        was at rest (the connection is then closed, after an ``idle_timeout`` error)."""
+        idle_s = self.state.limits.body_idle_s
+        while True:
+            try:
+                return await asyncio.wait_for(self.websocket.receive_text(), idle_s)
+            except TimeoutError:
+                if self.stream.at_rest:
+                    break
+        await _send(self.websocket, _error(f"nothing came for {idle_s:g} s", "idle_timeout"))
+        await self.websocket.close(CLOSE_NORMAL)
+        return None
 
     async def _handle(self, message: str) -> None:
         try:
