@@ -107,7 +107,7 @@ class RealtimeSession:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await sender
-            logger.info("%s: the client went away; its live buffer is dropped", self.stream.id)
+            logger.info("%s: the connection is closed; its live buffer is dropped", self.stream.id)
 
     # ---- from the client
 
