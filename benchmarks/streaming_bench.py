@@ -18,6 +18,13 @@ streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
   of a level passes 2 s, then the levels between the last held and it: the most streams whose median
   stays within it.
 
+- one stream beside bulk HTTP load (`--bulk 0,8,32`): N clients each post a long recording of real
+  speech (word timestamps, one request after another) while a real-speech recording streams at real
+  time; per level the stream's delays, and the audio seconds the bulk clients got transcribed per
+  wall second (from their first request to the end of the last, which they finish after the stream).
+  `--bulk-only` runs this part alone; `--serve-args` passes flags to serve (e.g. vLLM's
+  `--scheduling-policy fcfs`, to compare with serve's default).
+
 The word error rate is also given per kind of speech: the synthetic sentences' and the real speech's.
 
 Writes benchmarks/out/streaming.json and prints a section for benchmarks/RESULTS.md.
@@ -199,11 +206,60 @@ def concurrency(url: str, max_streams: int) -> dict:
     return {"levels": levels, "streams_held": held}
 
 
+def beside_bulk(server: str, url: str, levels: list[int]) -> list[dict]:
+    """For each N of ``levels``: one real-speech stream at real time while N clients post long files."""
+    joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
+    live = np.concatenate([clip.samples for clip in joined[:4]])
+    body = wav_bytes(np.concatenate([clip.samples for clip in joined[4:]]))
+    bulk_seconds = sum(len(clip.samples) for clip in joined[4:]) / SAMPLE_RATE
+    rows = []
+    for count in levels:
+        delays, done, bulk_wall = asyncio.run(_stream_beside(server, url, live, body, count))
+        rows.append(
+            {
+                "bulk_clients": count,
+                "median_delay_s": float(np.median(delays)),
+                "p90_delay_s": float(np.percentile(delays, 90)),
+                "max_delay_s": float(np.max(delays)),
+                "bulk_audio_s_per_s": done * bulk_seconds / bulk_wall if count else None,
+            }
+        )
+        print(f"  {count} bulk clients: {rows[-1]}", flush=True)
+    return rows
+
+
+async def _stream_beside(
+    server: str, url: str, live: np.ndarray, body: bytes, count: int
+) -> tuple[list[float], int, float]:
+    """The live stream's delays, the bulk files done, and the bulk clients' wall time: each posts its
+    file again and again until the stream has ended, then finishes the request it is in."""
+    stop, done = asyncio.Event(), [0]
+
+    async def client() -> None:
+        async with httpx.AsyncClient(timeout=3600) as http:
+            while not stop.is_set():
+                response = await http.post(
+                    f"{server}/v1/audio/transcriptions",
+                    files={"file": ("long.wav", body, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                )
+                response.raise_for_status()
+                done[0] += 1
+
+    started = time.monotonic()
+    clients = [asyncio.create_task(client()) for _ in range(count)]
+    await asyncio.sleep(10 if count else 0)  # the engines busy with bulk windows before the stream
+    words = await stream(url, live)
+    stop.set()
+    await asyncio.gather(*clients)
+    return [w["delay"] for w in words], done[0], time.monotonic() - started
+
+
 @contextlib.contextmanager
-def default_server(log_path: Path, dtype: str | None):
+def default_server(log_path: Path, dtype: str | None, extra_args: list[str]):
     """`vllm-whisper-align serve` as a user starts it (``dtype`` None: its own pick); yields its URL."""
     port = free_port()
-    proc = start_server(None, dtype or DEFAULT_VARIANT, 32, port, log_path)
+    proc = start_server(None, dtype or DEFAULT_VARIANT, 32, port, log_path, extra_args)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         yield f"http://127.0.0.1:{port}"
@@ -217,11 +273,6 @@ def cpu() -> str:
 
 
 def report(result: dict) -> str:
-    one, many = result["one_stream"], result["concurrency"]
-
-    def pct(value):
-        return "–" if value is None else f"{100 * value:.1f}%"
-
     lines = [
         "## Live word timestamps (/v1/realtime)",
         "",
@@ -233,6 +284,31 @@ def report(result: dict) -> str:
         "",
         f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en {result.get('dtype', 'float32')} on "
         "`vllm-whisper-align serve`",
+    ]
+    if "one_stream" in result:
+        lines += _report_streams(result)
+    if result.get("beside_bulk"):
+        lines += [
+            "",
+            "| bulk HTTP clients | live delay, median | p90 | max | bulk audio-s / wall-s |",
+            "|---|---|---|---|---|",
+            *(
+                f"| {row['bulk_clients']} | {row['median_delay_s']:.2f} s | {row['p90_delay_s']:.2f} s | "
+                f"{row['max_delay_s']:.2f} s | {row['bulk_audio_s_per_s'] or 0:.1f} |"
+                for row in result["beside_bulk"]
+            ),
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def _report_streams(result: dict) -> list[str]:
+    one, many = result["one_stream"], result["concurrency"]
+
+    def pct(value):
+        return "–" if value is None else f"{100 * value:.1f}%"
+
+    lines = [
         f"- Audio, one stream at a time at real time: {len(one['recordings'])} recordings, "
         f"{sum(r['seconds'] for r in one['recordings']):.0f} s (espeak-ng sentences and joined real speech)",
         "",
@@ -259,7 +335,7 @@ def report(result: dict) -> str:
         f"Streams held with the median delay within 2 s: {many['streams_held']}.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> None:
@@ -269,19 +345,28 @@ def main() -> None:
     parser.add_argument("--server", default=None, help="a running server (default: start one)")
     parser.add_argument("--max-streams", type=int, default=16)
     parser.add_argument("--dtype", default=None, help="the server's dtype (default: serve's own pick)")
+    parser.add_argument("--bulk", default="", help="bulk HTTP clients beside one stream, e.g. 0,8,32")
+    parser.add_argument("--bulk-only", action="store_true", help="only the --bulk levels")
+    parser.add_argument("--serve-args", default="", help="flags for serve: '--scheduling-policy fcfs'")
     args = parser.parse_args()
+    levels = [int(n) for n in args.bulk.split(",") if n]
+    result: dict = {}
     with contextlib.ExitStack() as stack:
         server, dtype = args.server, "serve's own"
         if server is None:
             log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "server.log"
-            server = stack.enter_context(default_server(log_path, args.dtype))
+            server = stack.enter_context(default_server(log_path, args.dtype, shlex.split(args.serve_args)))
             dtype = engine_dtype(log_path)
         url = server.replace("http://", "ws://") + "/v1/realtime"
-        print("one stream at a time", flush=True)
-        one = one_at_a_time(server, url)
-        print("streams at once", flush=True)
-        many = concurrency(url, args.max_streams)
-    result = {
+        if not args.bulk_only:
+            print("one stream at a time", flush=True)
+            result["one_stream"] = one_at_a_time(server, url)
+            print("streams at once", flush=True)
+            result["concurrency"] = concurrency(url, args.max_streams)
+        if levels:
+            print("one stream beside bulk HTTP clients", flush=True)
+            result["beside_bulk"] = beside_bulk(server, url, levels)
+    result |= {
         "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/streaming_bench.py "
         + shlex.join(sys.argv[1:]),
@@ -289,8 +374,6 @@ def main() -> None:
         "cores": len(__import__("os").sched_getaffinity(0)),
         "dtype": dtype,
         "python": platform.python_version(),
-        "one_stream": one,
-        "concurrency": many,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))

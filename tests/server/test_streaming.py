@@ -498,3 +498,49 @@ def test_cli_streams_stdin_in_process(server):
     assert_close_to_offline(
         plain_words([{"word": word} for _, _, word in lines]), offline_words(server, clip)
     )
+
+
+# Files posted before a live stream on a server that runs TWO_AT_A_TIME engine requests: most of their
+# windows wait for the engines when the stream starts.
+TWO_AT_A_TIME = 2
+FILES_AHEAD = 24
+
+
+def test_live_decodes_go_before_file_windows_waiting_for_the_engines(model_dir, tmp_path):
+    """Files of one window each are posted until most of them wait for the engines; a live stream then
+    sent faster than real time gets its last words while most files are still waiting: its decodes go
+    before their windows (vLLM's priority scheduling, serve's default). First come, first served, its
+    decodes waited behind every window posted before them, and the files were all done first."""
+    from tests.support.servers import engine_counts, running_server
+
+    file = wav_bytes(long_clip(16))  # over what is packed: a window of its own
+    clip = sentence_clips()[1]
+
+    async def stream_behind_files(server: str) -> tuple[dict, int]:
+        finished: list[float] = []
+        async with httpx.AsyncClient(timeout=600) as http:
+
+            async def post() -> None:
+                response = await http.post(
+                    f"{server}/v1/audio/transcriptions",
+                    files={"file": ("file.wav", file, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                )
+                response.raise_for_status()
+                finished.append(time.monotonic())
+
+            posts = [asyncio.create_task(post()) for _ in range(FILES_AHEAD)]
+            deadline = time.monotonic() + 120
+            while (await asyncio.to_thread(engine_counts, server))["waiting"] < FILES_AHEAD // 2:
+                assert time.monotonic() < deadline and not finished, "the files never waited for the engines"
+                await asyncio.sleep(0.05)
+            live = await stream_live(server, clip.samples, speed=10)
+            done_before = len(finished)
+            await asyncio.gather(*posts)
+        return live, done_before
+
+    with running_server(model_dir, tmp_path, args=["--max-num-seqs", str(TWO_AT_A_TIME)]) as server:
+        live, files_done_before = asyncio.run(stream_behind_files(server))
+    assert live["events"][-1]["type"] == "transcription.done", live["events"][-3:]
+    assert live["words"], live["events"]
+    assert files_done_before <= FILES_AHEAD // 2, files_done_before

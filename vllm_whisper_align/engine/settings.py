@@ -23,6 +23,10 @@ Decided here and nowhere else, each only when the user did not set it:
   is rarely sent twice, so a serving process grew by one window's features (0.9 MiB) per window
   served until the cache was full; a 3-hour recording alone would fill 330 MiB. Computing a
   window's features costs far less than the encoder pass that follows it.
+- the scheduling policy: ``priority``, so that live decodes (``runners.live.LIVE_PRIORITY``) go
+  before file windows waiting for the engines; every other request has vLLM's default priority and is
+  taken first come, first served as under ``fcfs``. Under ``fcfs`` a live stream's decodes waited
+  behind every window of the files posted before them.
 - thread binding (environment only; see :func:`engine_environment`).
 - the served model id: a name, never a filesystem path.
 """
@@ -154,6 +158,7 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
         "limit_mm_per_prompt": {"audio": 1},
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
         "mm_processor_cache_gb": 0,
+        "scheduling_policy": "priority",
     }
     on_cpu = current_platform.is_cpu()
     dtype = fast_dtype(on_cpu, cpu_flags())

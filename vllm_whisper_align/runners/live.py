@@ -34,6 +34,11 @@ from vllm_whisper_align.runners import driver
 
 logger = get_logger(__name__)
 
+# A round's engine requests go before file windows still waiting for the engines (vLLM takes lower
+# values first where it schedules by priority, serve's default: engine.settings): files posted beside
+# the streams do not queue ahead of their decodes, which wait only for a place a running window frees.
+LIVE_PRIORITY = -1
+
 
 # ---------------------------------------------------------------------------- what a stream is told
 
@@ -215,7 +220,9 @@ class LiveStreams:
             stream.busy = True
         try:
             async with self.service.request_in_flight():
-                answers = await self.service.run(work, f"live-{next(self._round_numbers)}")
+                answers = await self.service.run(
+                    work, f"live-{next(self._round_numbers)}", priority=LIVE_PRIORITY
+                )
         except Exception as error:  # the engines failed the round: every stream in it is told
             logger.exception("whisper-align: a live round failed")
             answers = [(None, error)] * len(streams)

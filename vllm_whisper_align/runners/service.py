@@ -259,13 +259,18 @@ class AlignmentService:
             raise
 
     async def run(
-        self, work: driver.Driver, request_id: str, on_output: Callable[[], None] | None = None
+        self,
+        work: driver.Driver,
+        request_id: str,
+        on_output: Callable[[], None] | None = None,
+        priority: int = 0,
     ) -> Any:
         """``work``'s commands carried out on the engines, at most ``windows_in_flight`` of its engine
         requests at a time (one request's share); ``on_output`` is called at each one's first output
-        (the engines have started it). Cancelled (the client went away), it aborts the engine requests
-        it started and drops what was captured for them."""
-        carrier = _Carrier(self, request_id, on_output)
+        (the engines have started it). ``priority`` is vLLM's (lower goes first where the engines
+        schedule by priority; ignored under ``fcfs``). Cancelled (the client went away), it aborts the
+        engine requests it started and drops what was captured for them."""
+        carrier = _Carrier(self, request_id, on_output, priority)
         try:
             return await carrier.carry_out(work)
         except asyncio.CancelledError as error:
@@ -320,10 +325,14 @@ class _Carrier:
     started and captured, to abort and drop when the request is abandoned."""
 
     def __init__(
-        self, service: AlignmentService, request_id: str, on_output: Callable[[], None] | None = None
+        self,
+        service: AlignmentService,
+        request_id: str,
+        on_output: Callable[[], None] | None = None,
+        priority: int = 0,
     ):
         self.service, self.request_id = service, request_id
-        self.on_output = on_output
+        self.on_output, self.priority = on_output, priority
         self.slots = asyncio.Semaphore(service.windows_in_flight)
         self.started: list[str] = []
         self.keys: list[str] = []
@@ -351,7 +360,7 @@ class _Carrier:
             self.keys.extend(request.capture_keys)
             final = None
             async for output in self.service.engine_client.generate(
-                request.prompt, request.sampling_params, engine_id
+                request.prompt, request.sampling_params, engine_id, priority=self.priority
             ):
                 if final is None and self.on_output is not None:
                     self.on_output()
