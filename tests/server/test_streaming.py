@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -500,47 +501,76 @@ def test_cli_streams_stdin_in_process(server):
     )
 
 
-# Files posted before a live stream on a server that runs TWO_AT_A_TIME engine requests: most of their
-# windows wait for the engines when the stream starts.
+# Files posted on a server that runs TWO_AT_A_TIME engine requests: most of their windows wait for the
+# engines when the request under test comes.
 TWO_AT_A_TIME = 2
 FILES_AHEAD = 24
 
 
-def test_live_decodes_go_before_file_windows_waiting_for_the_engines(model_dir, tmp_path):
-    """Files of one window each are posted until most of them wait for the engines; a live stream then
-    sent faster than real time gets its last words while most files are still waiting: its decodes go
-    before their windows (vLLM's priority scheduling, serve's default). First come, first served, its
-    decodes waited behind every window posted before them, and the files were all done first."""
-    from tests.support.servers import engine_counts, running_server
+async def files_done_before(server: str, file: bytes, first_words) -> tuple[Any, int]:
+    """FILES_AHEAD ``file``s posted, and once most of them wait for the engines, ``first_words(server)``
+    awaited: its answer, and how many of the files were done before it."""
+    from tests.support.servers import engine_counts
+
+    finished: list[float] = []
+    async with httpx.AsyncClient(timeout=600) as http:
+
+        async def post() -> None:
+            response = await http.post(
+                f"{server}/v1/audio/transcriptions",
+                files={"file": ("file.wav", file, "audio/wav")},
+                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+            )
+            response.raise_for_status()
+            finished.append(time.monotonic())
+
+        posts = [asyncio.create_task(post()) for _ in range(FILES_AHEAD)]
+        deadline = time.monotonic() + 120
+        while (await asyncio.to_thread(engine_counts, server))["waiting"] < FILES_AHEAD // 2:
+            assert time.monotonic() < deadline and not finished, "the files never waited for the engines"
+            await asyncio.sleep(0.05)
+        answer = await first_words(server)
+        done_before = len(finished)
+        await asyncio.gather(*posts)
+    return answer, done_before
+
+
+async def first_streamed_event(server: str, audio: bytes) -> dict:
+    """The first event of ``audio``'s streamed transcription (the connection then closed)."""
+    async with httpx.AsyncClient(timeout=600) as http:
+        fields = {"stream": "true", "response_format": "verbose_json", "timestamp_granularities[]": "word"}
+        async with http.stream(
+            "POST",
+            f"{server}/v1/audio/transcriptions",
+            files={"file": ("long.wav", audio, "audio/wav")},
+            data=fields,
+        ) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    return json.loads(line[len("data: ") :])
+    raise AssertionError("the stream sent no event")
+
+
+def test_live_decodes_and_a_streamed_files_first_window_go_before_waiting_files(model_dir, tmp_path):
+    """Files of one window each are posted until most of them wait for the engines. A live stream then
+    sent faster than real time gets its last words, and a streamed 65 s file its first window's words,
+    while most files are still waiting: their engine requests go before those windows (vLLM's priority
+    scheduling, serve's default). First come, first served, they waited behind every window posted
+    before them, and the files were all done first."""
+    from tests.support.servers import running_server
 
     file = wav_bytes(long_clip(16))  # over what is packed: a window of its own
     clip = sentence_clips()[1]
-
-    async def stream_behind_files(server: str) -> tuple[dict, int]:
-        finished: list[float] = []
-        async with httpx.AsyncClient(timeout=600) as http:
-
-            async def post() -> None:
-                response = await http.post(
-                    f"{server}/v1/audio/transcriptions",
-                    files={"file": ("file.wav", file, "audio/wav")},
-                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-                )
-                response.raise_for_status()
-                finished.append(time.monotonic())
-
-            posts = [asyncio.create_task(post()) for _ in range(FILES_AHEAD)]
-            deadline = time.monotonic() + 120
-            while (await asyncio.to_thread(engine_counts, server))["waiting"] < FILES_AHEAD // 2:
-                assert time.monotonic() < deadline and not finished, "the files never waited for the engines"
-                await asyncio.sleep(0.05)
-            live = await stream_live(server, clip.samples, speed=10)
-            done_before = len(finished)
-            await asyncio.gather(*posts)
-        return live, done_before
-
+    streamed = wav_bytes(long_clip(65))
     with running_server(model_dir, tmp_path, args=["--max-num-seqs", str(TWO_AT_A_TIME)]) as server:
-        live, files_done_before = asyncio.run(stream_behind_files(server))
+        live, live_behind = asyncio.run(
+            files_done_before(server, file, lambda base: stream_live(base, clip.samples, speed=10))
+        )
+        first, streamed_behind = asyncio.run(
+            files_done_before(server, file, lambda base: first_streamed_event(base, streamed))
+        )
     assert live["events"][-1]["type"] == "transcription.done", live["events"][-3:]
     assert live["words"], live["events"]
-    assert files_done_before <= FILES_AHEAD // 2, files_done_before
+    assert first["type"] == "transcript.text.delta" and first.get("words"), first
+    assert max(live_behind, streamed_behind) <= FILES_AHEAD // 2, (live_behind, streamed_behind)

@@ -109,7 +109,7 @@ def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monk
     assert args["mm_processor_cache_gb"] == 0
     assert args["max_num_batched_tokens"] == 1536
     assert default_engine_args(str(model_dir), max_num_batched_tokens=4096)["max_num_batched_tokens"] == 4096
-    # Live decodes go before waiting file windows (runners.live.LIVE_PRIORITY); a policy given stays.
+    # Live decodes go before waiting file windows (runners.service.URGENT_PRIORITY); a policy given stays.
     assert args["scheduling_policy"] == "priority"
     assert default_engine_args(str(model_dir), scheduling_policy="fcfs")["scheduling_policy"] == "fcfs"
 

@@ -31,13 +31,9 @@ from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS, Decode, RollingBuf
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import driver
+from vllm_whisper_align.runners.service import URGENT_PRIORITY
 
 logger = get_logger(__name__)
-
-# A round's engine requests go before file windows still waiting for the engines (vLLM takes lower
-# values first where it schedules by priority, serve's default: engine.settings): files posted beside
-# the streams do not queue ahead of their decodes, which wait only for a place a running window frees.
-LIVE_PRIORITY = -1
 
 
 # ---------------------------------------------------------------------------- what a stream is told
@@ -221,7 +217,7 @@ class LiveStreams:
         try:
             async with self.service.request_in_flight():
                 answers = await self.service.run(
-                    work, f"live-{next(self._round_numbers)}", priority=LIVE_PRIORITY
+                    work, f"live-{next(self._round_numbers)}", priority=URGENT_PRIORITY
                 )
         except Exception as error:  # the engines failed the round: every stream in it is told
             logger.exception("whisper-align: a live round failed")

@@ -68,6 +68,12 @@ def encoder_windows_per_step(vllm_config: Any) -> int:
 # (the first 32 of a 1-hour file's 120), which costs the rest of the file the time of one window alone.
 HEAD_START = 1
 
+# vLLM's priority (lower goes first where the engines schedule by priority, serve's default:
+# engine.settings) for engine requests whose answer a client waits on as it comes: live decodes and a
+# streamed answer's HEAD_START windows. File windows waiting for the engines do not queue ahead of
+# them; they wait only for a place a running window frees. Everything else has vLLM's default, 0.
+URGENT_PRIORITY = -1
+
 
 class AlignmentService:
     def __init__(self, engine_client: Any, tokenizer: Any, max_audio_s: float = math.inf):
@@ -243,7 +249,10 @@ class AlignmentService:
         carrier = _Carrier(self, request_id)
         work = driver.streamed(plan, self.tokens)
         waiting = iter(work.windows)
-        tasks = [asyncio.create_task(carrier.carry_out(window)) for window in islice(waiting, HEAD_START)]
+        tasks = [
+            asyncio.create_task(carrier.carry_out(window, URGENT_PRIORITY))
+            for window in islice(waiting, HEAD_START)
+        ]
         try:
             for index, window in enumerate(plan.windows):
                 timed = await tasks[index]
@@ -337,13 +346,16 @@ class _Carrier:
         self.started: list[str] = []
         self.keys: list[str] = []
 
-    async def carry_out(self, work: driver.Driver) -> Any:
-        return await driver.carry_out_async(work, self.answer)
+    async def carry_out(self, work: driver.Driver, priority: int | None = None) -> Any:
+        """``work`` carried out, its engine requests at ``priority`` (default: the carrier's)."""
+        chosen = self.priority if priority is None else priority
+        return await driver.carry_out_async(work, lambda command: self.answer(command, chosen))
 
-    async def answer(self, command: driver.Command) -> Any:
+    async def answer(self, command: driver.Command, priority: int) -> Any:
         service = self.service
         if isinstance(command, driver.Generate):
-            return list(await asyncio.gather(*(self.generate(request) for request in command.requests)))
+            requests = command.requests
+            return list(await asyncio.gather(*(self.generate(request, priority) for request in requests)))
         if isinstance(command, driver.Compute):
             return await asyncio.gather(*(asyncio.to_thread(function) for function in command.functions))
         if isinstance(command, driver.NoSpeech):
@@ -353,14 +365,14 @@ class _Carrier:
         await service.discard(command.keys)
         return None
 
-    async def generate(self, request: driver.EngineRequest) -> Any:
+    async def generate(self, request: driver.EngineRequest, priority: int) -> Any:
         async with self.slots:
             engine_id = f"{self.request_id}-{request.name}"
             self.started.append(engine_id)
             self.keys.extend(request.capture_keys)
             final = None
             async for output in self.service.engine_client.generate(
-                request.prompt, request.sampling_params, engine_id, priority=self.priority
+                request.prompt, request.sampling_params, engine_id, priority=priority
             ):
                 if final is None and self.on_output is not None:
                     self.on_output()
