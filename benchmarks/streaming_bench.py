@@ -21,7 +21,8 @@ streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
 - one stream beside bulk HTTP load (`--bulk 0,8,32`): N clients each post a long recording of real
   speech (word timestamps, one request after another) while a real-speech recording streams at real
   time; per level the stream's delays, and the audio seconds the bulk clients got transcribed per
-  wall second (from their first request to the end of the last, which they finish after the stream).
+  wall second (from their first request to the end of the last, which they finish after the stream);
+  and meanwhile one more client posts a 2-3 s clip a second after each answer: how long it waits.
   `--bulk-only` runs this part alone; `--serve-args` passes flags to serve (e.g. vLLM's
   `--scheduling-policy fcfs`, to compare with serve's default).
 
@@ -214,7 +215,7 @@ def beside_bulk(server: str, url: str, levels: list[int]) -> list[dict]:
     bulk_seconds = sum(len(clip.samples) for clip in joined[4:]) / SAMPLE_RATE
     rows = []
     for count in levels:
-        delays, done, bulk_wall = asyncio.run(_stream_beside(server, url, live, body, count))
+        delays, shorts, done, bulk_wall = asyncio.run(_stream_beside(server, url, live, body, count))
         rows.append(
             {
                 "bulk_clients": count,
@@ -222,6 +223,9 @@ def beside_bulk(server: str, url: str, levels: list[int]) -> list[dict]:
                 "p90_delay_s": float(np.percentile(delays, 90)),
                 "max_delay_s": float(np.max(delays)),
                 "bulk_audio_s_per_s": done * bulk_seconds / bulk_wall if count else None,
+                "short_clips": len(shorts),
+                "short_median_s": float(np.median(shorts)),
+                "short_p90_s": float(np.percentile(shorts, 90)),
             }
         )
         print(f"  {count} bulk clients: {rows[-1]}", flush=True)
@@ -233,7 +237,22 @@ async def _stream_beside(
 ) -> tuple[list[float], int, float]:
     """The live stream's delays, the bulk files done, and the bulk clients' wall time: each posts its
     file again and again until the stream has ended, then finishes the request it is in."""
-    stop, done = asyncio.Event(), [0]
+    stop, done, short_latencies = asyncio.Event(), [0], []
+    short = wav_bytes(sentence_clips()[2].samples)
+
+    async def short_client() -> None:
+        """A 2-3 s clip posted, answered, then posted again a second later, while the stream runs."""
+        async with httpx.AsyncClient(timeout=3600) as http:
+            while not stop.is_set():
+                posted = time.monotonic()
+                response = await http.post(
+                    f"{server}/v1/audio/transcriptions",
+                    files={"file": ("short.wav", short, "audio/wav")},
+                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+                )
+                response.raise_for_status()
+                short_latencies.append(time.monotonic() - posted)
+                await asyncio.sleep(1)
 
     async def client() -> None:
         async with httpx.AsyncClient(timeout=3600) as http:
@@ -249,10 +268,11 @@ async def _stream_beside(
     started = time.monotonic()
     clients = [asyncio.create_task(client()) for _ in range(count)]
     await asyncio.sleep(10 if count else 0)  # the engines busy with bulk windows before the stream
+    shorts = asyncio.create_task(short_client())
     words = await stream(url, live)
     stop.set()
-    await asyncio.gather(*clients)
-    return [w["delay"] for w in words], done[0], time.monotonic() - started
+    await asyncio.gather(*clients, shorts)
+    return [w["delay"] for w in words], short_latencies, done[0], time.monotonic() - started
 
 
 @contextlib.contextmanager
@@ -290,11 +310,13 @@ def report(result: dict) -> str:
     if result.get("beside_bulk"):
         lines += [
             "",
-            "| bulk HTTP clients | live delay, median | p90 | max | bulk audio-s / wall-s |",
-            "|---|---|---|---|---|",
+            "| bulk HTTP clients | live delay, median | p90 | max | short clip answered in, median / p90 "
+            "| bulk audio-s / wall-s |",
+            "|---|---|---|---|---|---|",
             *(
                 f"| {row['bulk_clients']} | {row['median_delay_s']:.2f} s | {row['p90_delay_s']:.2f} s | "
-                f"{row['max_delay_s']:.2f} s | {row['bulk_audio_s_per_s'] or 0:.1f} |"
+                f"{row['max_delay_s']:.2f} s | {row['short_median_s']:.2f} / {row['short_p90_s']:.2f} s "
+                f"({row['short_clips']}) | {row['bulk_audio_s_per_s'] or 0:.1f} |"
                 for row in result["beside_bulk"]
             ),
             "",

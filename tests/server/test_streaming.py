@@ -504,7 +504,7 @@ def test_cli_streams_stdin_in_process(server):
 # Files posted on a server that runs TWO_AT_A_TIME engine requests: most of their windows wait for the
 # engines when the request under test comes.
 TWO_AT_A_TIME = 2
-FILES_AHEAD = 24
+FILES_AHEAD = 12
 
 
 async def files_done_before(server: str, file: bytes, first_words) -> tuple[Any, int]:
@@ -552,15 +552,26 @@ async def first_streamed_event(server: str, audio: bytes) -> dict:
     raise AssertionError("the stream sent no event")
 
 
-def test_live_decodes_and_a_streamed_files_first_window_go_before_waiting_files(model_dir, tmp_path):
-    """Files of one window each are posted until most of them wait for the engines. A live stream then
-    sent faster than real time gets its last words, and a streamed 65 s file its first window's words,
-    while most files are still waiting: their engine requests go before those windows (vLLM's priority
-    scheduling, serve's default). First come, first served, they waited behind every window posted
-    before them, and the files were all done first."""
+async def transcribed(server: str, audio: bytes) -> dict:
+    async with httpx.AsyncClient(timeout=600) as http:
+        response = await http.post(
+            f"{server}/v1/audio/transcriptions",
+            files={"file": ("short.wav", audio, "audio/wav")},
+            data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+        )
+        response.raise_for_status()
+        return response.json()
+
+
+def test_short_and_live_requests_go_before_the_windows_of_longer_files(model_dir, tmp_path):
+    """Files over one window are posted until most of their windows wait for the engines. A live stream
+    then sent faster than real time gets its last words, a streamed 65 s file its first window's words,
+    and a 3 s clip its answer, while most files are still waiting: their engine requests go before
+    those windows (vLLM's priority scheduling, serve's default). First come, first served, they waited
+    behind every window posted before them, and the files were all done first."""
     from tests.support.servers import running_server
 
-    file = wav_bytes(long_clip(16))  # over what is packed: a window of its own
+    file = wav_bytes(long_clip(31))  # two windows
     clip = sentence_clips()[1]
     streamed = wav_bytes(long_clip(65))
     with running_server(model_dir, tmp_path, args=["--max-num-seqs", str(TWO_AT_A_TIME)]) as server:
@@ -570,7 +581,12 @@ def test_live_decodes_and_a_streamed_files_first_window_go_before_waiting_files(
         first, streamed_behind = asyncio.run(
             files_done_before(server, file, lambda base: first_streamed_event(base, streamed))
         )
+        short, short_behind = asyncio.run(
+            files_done_before(server, file, lambda base: transcribed(base, wav_bytes(clip)))
+        )
     assert live["events"][-1]["type"] == "transcription.done", live["events"][-3:]
     assert live["words"], live["events"]
     assert first["type"] == "transcript.text.delta" and first.get("words"), first
-    assert max(live_behind, streamed_behind) <= FILES_AHEAD // 2, (live_behind, streamed_behind)
+    assert short["words"], short
+    behind = (live_behind, streamed_behind, short_behind)
+    assert max(behind) <= FILES_AHEAD // 2, behind

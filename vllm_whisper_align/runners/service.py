@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
@@ -25,7 +26,7 @@ from vllm_whisper_align import memory
 from vllm_whisper_align.align.results import Transcript, WindowResult
 from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk
-from vllm_whisper_align.constants import SAMPLE_RATE
+from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
 from vllm_whisper_align.engine.settings import encoder_rows_per_step
 from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
 from vllm_whisper_align.log import get_logger
@@ -69,10 +70,17 @@ def encoder_windows_per_step(vllm_config: Any) -> int:
 HEAD_START = 1
 
 # vLLM's priority (lower goes first where the engines schedule by priority, serve's default:
-# engine.settings) for engine requests whose answer a client waits on as it comes: live decodes and a
-# streamed answer's HEAD_START windows. File windows waiting for the engines do not queue ahead of
-# them; they wait only for a place a running window frees. Everything else has vLLM's default, 0.
+# engine.settings) for engine requests a client waits on as they come, or that cost one window: live
+# decodes, a streamed answer's language detection and HEAD_START windows, and requests of at most one
+# window (packed or not). The windows of longer files do not queue ahead of them; they wait only for
+# a place a running window frees. A long file's windows have vLLM's default, 0: on a server flooded
+# with short requests, they get the places those leave.
 URGENT_PRIORITY = -1
+
+
+def priority_of(samples: np.ndarray | SpilledSamples) -> int:
+    """URGENT_PRIORITY for audio of one window or less, vLLM's default for longer."""
+    return URGENT_PRIORITY if len(samples) <= N_SAMPLES else 0
 
 
 class AlignmentService:
@@ -97,7 +105,9 @@ class AlignmentService:
         config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
         self.packer = packing.PackQueue(
-            self.run, self.facts, encoder_windows_per_step(engine_client.vllm_config)
+            functools.partial(self.run, priority=URGENT_PRIORITY),  # short inputs only
+            self.facts,
+            encoder_windows_per_step(engine_client.vllm_config),
         )
 
     @classmethod
@@ -175,7 +185,7 @@ class AlignmentService:
             prompt=prompt,
             options=options,
         )
-        return await self.run(work, request_id)
+        return await self.run(work, request_id, priority=priority_of(samples))
 
     async def align(
         self,
@@ -198,7 +208,7 @@ class AlignmentService:
         work = driver.alignment(
             samples, self.facts, text=text, token_ids=token_ids, language=language, options=options
         )
-        return await self.run(work, request_id)
+        return await self.run(work, request_id, priority=priority_of(samples))
 
     def check_duration(self, samples: np.ndarray | SpilledSamples) -> None:
         seconds = len(samples) / SAMPLE_RATE
@@ -222,7 +232,7 @@ class AlignmentService:
         work = driver.transcription_plan(
             samples, self.facts, language=language, task=task, prompt=prompt, options=options
         )
-        return await self.run(work, request_id)
+        return await self.run(work, request_id, priority=URGENT_PRIORITY)
 
     def alignment_plan(
         self,
