@@ -232,11 +232,22 @@ def beside_bulk(server: str, url: str, levels: list[int]) -> list[dict]:
     return rows
 
 
+async def _transcribed(http: httpx.AsyncClient, server: str, audio: bytes) -> None:
+    """``audio`` transcribed with word timestamps, as the bench's other clients ask."""
+    response = await http.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("audio.wav", audio, "audio/wav")},
+        data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+    )
+    response.raise_for_status()
+
+
 async def _stream_beside(
     server: str, url: str, live: np.ndarray, body: bytes, count: int
-) -> tuple[list[float], int, float]:
-    """The live stream's delays, the bulk files done, and the bulk clients' wall time: each posts its
-    file again and again until the stream has ended, then finishes the request it is in."""
+) -> tuple[list[float], list[float], int, float]:
+    """The live stream's delays, the short clip's answer times, the bulk files done, and the bulk
+    clients' wall time: each posts its file again and again until the stream has ended, then finishes
+    the request it is in."""
     stop, done, short_latencies = asyncio.Event(), [0], []
     short = wav_bytes(sentence_clips()[2].samples)
 
@@ -245,24 +256,14 @@ async def _stream_beside(
         async with httpx.AsyncClient(timeout=3600) as http:
             while not stop.is_set():
                 posted = time.monotonic()
-                response = await http.post(
-                    f"{server}/v1/audio/transcriptions",
-                    files={"file": ("short.wav", short, "audio/wav")},
-                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-                )
-                response.raise_for_status()
+                await _transcribed(http, server, short)
                 short_latencies.append(time.monotonic() - posted)
                 await asyncio.sleep(1)
 
     async def client() -> None:
         async with httpx.AsyncClient(timeout=3600) as http:
             while not stop.is_set():
-                response = await http.post(
-                    f"{server}/v1/audio/transcriptions",
-                    files={"file": ("long.wav", body, "audio/wav")},
-                    data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-                )
-                response.raise_for_status()
+                await _transcribed(http, server, body)
                 done[0] += 1
 
     started = time.monotonic()

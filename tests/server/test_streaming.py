@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -516,12 +517,7 @@ async def files_done_before(server: str, file: bytes, first_words) -> tuple[Any,
     async with httpx.AsyncClient(timeout=600) as http:
 
         async def post() -> None:
-            response = await http.post(
-                f"{server}/v1/audio/transcriptions",
-                files={"file": ("file.wav", file, "audio/wav")},
-                data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-            )
-            response.raise_for_status()
+            await transcribed(server, file, http)
             finished.append(time.monotonic())
 
         posts = [asyncio.create_task(post()) for _ in range(FILES_AHEAD)]
@@ -552,11 +548,13 @@ async def first_streamed_event(server: str, audio: bytes) -> dict:
     raise AssertionError("the stream sent no event")
 
 
-async def transcribed(server: str, audio: bytes) -> dict:
-    async with httpx.AsyncClient(timeout=600) as http:
-        response = await http.post(
+async def transcribed(server: str, audio: bytes, http: httpx.AsyncClient | None = None) -> dict:
+    """``audio``'s verbose_json with word timestamps (on ``http``, else a client of its own)."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = http or await stack.enter_async_context(httpx.AsyncClient(timeout=600))
+        response = await client.post(
             f"{server}/v1/audio/transcriptions",
-            files={"file": ("short.wav", audio, "audio/wav")},
+            files={"file": ("audio.wav", audio, "audio/wav")},
             data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
         )
         response.raise_for_status()
