@@ -74,6 +74,9 @@ class WindowRequest:
     alignment: AlignmentParams | None
     # Forced alignment: the text tokens are part of the prompt.
     forced_tokens: list[int] | None = None
+    # Text already read in this window (a live stream's confirmed words): forced after the start
+    # tokens, the window's first text tokens (captured and aligned with what is decoded after them).
+    prefix_tokens: tuple[int, ...] = ()
     # Text tokens kept of the output (the engine may be asked for one more: see text_token_cap).
     max_text_tokens: int | None = None
     no_speech: NoSpeechParams | None = None
@@ -251,10 +254,12 @@ def plan_transcription(
     options: TranscriptionOptions | None = None,
     suppress_tokens: Sequence[int] = (),
     windows: Sequence[AudioChunk] | None = None,
+    prefix_tokens: Sequence[int] = (),
 ) -> Plan:
     """One request per ≤30 s window of ``windows`` (default :func:`windows_to_decode`, NumPy work that a
     caller on an event loop runs apart), decoded as ``options`` say (default: openai-whisper's transcribe
-    options; the temperature is the fallback schedule's first)."""
+    options; the temperature is the fallback schedule's first). ``prefix_tokens``: text each window is
+    known to begin with (a live stream's buffer, one window), forced rather than decoded again."""
     options = options or TranscriptionOptions()
     if not options.method.transcribes:
         raise OptionError(
@@ -276,6 +281,7 @@ def plan_transcription(
                 options.alignment_method,
                 options.sampling,
                 suppress_tokens,
+                prefix_tokens,
             ),
             0,
             fallback.temperatures[0],
@@ -330,8 +336,11 @@ def _transcription_window(
     method: str,
     sampling: dict[str, Any],
     suppress_tokens: Sequence[int],
+    prefix: Sequence[int] = (),
 ) -> WindowRequest:
-    """One window's request before its temperature is chosen (see _at_temperature)."""
+    """One window's request before its temperature is chosen (see _at_temperature). ``prefix`` text
+    tokens follow the start tokens in the decoder prompt, one prefill step rather than a decode step
+    each; the window's output cap counts them, and their log-probabilities are the prompt's."""
     alignment = None
     # Too short a window still gets words (results.unaligned_jump_times), no attention to align.
     if word_timestamps and can_align(chunk.num_samples):
@@ -341,16 +350,18 @@ def _transcription_window(
     no_speech = None
     if tokens.no_speech is not None:
         no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
-    decoder_prompt = [*previous, *start]
+    decoder_prompt = [*previous, *start, *prefix]
+    cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt) - len(prefix)) - len(prefix)
     return WindowRequest(
         chunk,
         decoder_prompt,
         None,
         alignment,
-        max_text_tokens=text_token_cap(sampling, chunk.num_samples, len(decoder_prompt)),
+        max_text_tokens=max(cap, 1),
         no_speech=no_speech,
-        sampling_options=dict(sampling),
+        sampling_options={**sampling, "prompt_logprobs": 0} if prefix else dict(sampling),
         suppress_tokens=tuple(suppress_tokens),
+        prefix_tokens=tuple(prefix),
     )
 
 
@@ -597,10 +608,8 @@ def window_output(
     as openai-whisper computes them (``no_speech_prob`` comes from the workers: see
     :class:`NoSpeechParams`)."""
     if window.forced_tokens is not None:
-        logprobs = output.prompt_logprobs or []
-        first = window.alignment.first_text_position()
         forced = window.forced_tokens
-        entries = [logprobs[first + i] if first + i < len(logprobs) else None for i in range(len(forced))]
+        entries = _prompt_text_entries(window, output, len(forced))
         token_logprobs = [_logprob_of(entry, token) for entry, token in zip(entries, forced, strict=True)]
         token_ranks = [_rank_of(entry, token) for entry, token in zip(entries, forced, strict=True)]
         return WindowOutput(list(window.forced_tokens), token_logprobs, token_ranks=token_ranks)
@@ -608,7 +617,11 @@ def window_output(
     ids = list(completion.token_ids)
     sampled = completion.logprobs or [None] * len(ids)
     pairs = [(t, _logprob_of(lp, t)) for t, lp in zip(ids, sampled, strict=False) if tokens.is_text_token(t)]
-    pairs = pairs[: window.max_text_tokens]
+    prefix = window.prefix_tokens
+    entries = _prompt_text_entries(window, output, len(prefix))
+    pairs = [(t, _logprob_of(e, t)) for t, e in zip(prefix, entries, strict=True)] + pairs[
+        : window.max_text_tokens
+    ]
     token_ids, logprobs = [t for t, _ in pairs], [lp for _, lp in pairs]
     # The reference sums the sampled tokens' log-probabilities up to and including eot, over len + 1.
     eot_logprobs = (_logprob_of(lp, t) for t, lp in zip(ids, sampled, strict=False) if t == tokens.eot)
@@ -621,6 +634,18 @@ def window_output(
         no_speech_prob=no_speech_prob,
         temperature=window.temperature,
     )
+
+
+def _prompt_text_entries(window: WindowRequest, output: Any, count: int) -> list[Any]:
+    """The prompt log-probability entries of the first ``count`` text tokens of a window whose text
+    begins in its prompt (None where vLLM gave none, as for a window without alignment rows)."""
+    if not count:
+        return []
+    logprobs = output.prompt_logprobs or []
+    first = (
+        window.alignment.first_text_position() if window.alignment else len(window.prompt_token_ids) - count
+    )
+    return [logprobs[first + i] if first + i < len(logprobs) else None for i in range(count)]
 
 
 def _rank_of(entry: Any, token: int) -> int:

@@ -219,8 +219,10 @@ def transcription_plan(
     word_timestamps: bool = True,
     prompt: str | None = None,
     options: TranscriptionOptions | None = None,
+    prefix_tokens: Sequence[int] = (),
 ) -> Generator[Command, Any, decoding.Plan]:
-    """The windows of :func:`transcription`, planned once its language is known."""
+    """The windows of :func:`transcription`, planned once its language is known (``prefix_tokens``:
+    :func:`decoding.plan_transcription`'s)."""
     facts.tokens.check_language(language, task)
     # Which windows hold speech (none: nothing is decoded): NumPy work of milliseconds a window.
     [windows] = yield Compute([lambda: decoding.windows_to_decode(samples, options)])
@@ -236,6 +238,7 @@ def transcription_plan(
         options=options,
         suppress_tokens=facts.suppress_tokens,
         windows=windows,
+        prefix_tokens=prefix_tokens,
     )
 
 
