@@ -418,3 +418,26 @@ def test_a_fallback_retry_takes_its_encoder_output_from_the_cache(aligner, clips
 
     aligner.transcribe([clips[3].samples], language="en")
     assert aligner.capture_stats()["encoder_cache_entries"] == 0
+
+
+def test_a_decode_given_its_first_words_reads_them_there_and_goes_on_as_a_free_decode(aligner, clips):
+    """A live stream's decode is given the confirmed words its buffer begins with (forced after the
+    start tokens): they come back first, and the words after them are read and timed as a decode
+    without them reads them (greedy: the forced tokens are those it would have written)."""
+    from dataclasses import replace
+
+    from vllm_whisper_align.live.buffer import Decode
+    from vllm_whisper_align.runners.live import decode_work
+
+    def words(prefix):
+        decode = Decode(clips[0].samples, 0.0, None, tuple(prefix))
+        work = decode_work(decode, aligner.facts, "en", None, TranscriptionOptions())
+        return aligner.run(work).words
+
+    free = words(())
+    given = words(free[:3])
+    assert [w.word for w in given] == [w.word for w in free]
+    np.testing.assert_allclose([w.start for w in given], [w.start for w in free], atol=0.021)
+    # A prefix the audio does not hold is still what the decode begins with: the words are forced.
+    other = replace(free[0], word=" Yesterday", tokens=aligner.tokens.encode(" Yesterday"))
+    assert words([other])[0].word.startswith(" Yesterday")  # a comma may follow it: "Yesterday,"

@@ -3,6 +3,8 @@ that hears exactly the words lying inside what it is given (the one cut by the b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -342,3 +344,71 @@ def test_a_stream_is_at_rest_only_with_nothing_of_it_decoded_or_due():
     assert stream.at_rest
     stream.buffer.end()
     assert not stream.at_rest  # its last words are still to come
+
+
+class TokenedStandInDecoder(StandInDecoder):
+    """As StandInDecoder, with tokens on each word (a decode's words as the engine gives them), and the
+    prefix of each decode kept: an engine forces it, so the decode's first words are the prefix's."""
+
+    def __init__(self, truth: list[Word]):
+        super().__init__([Word(w.start, w.end, w.word, w.probability, [i]) for i, w in enumerate(truth)])
+        self.prefixes: list[list[str]] = []
+
+    def __call__(self, decode):
+        self.prefixes.append(texts(decode.prefix))
+        heard = super().__call__(decode)
+        tokened = [w for w in self.truth if w.start >= decode.offset]
+        return [replace(h, tokens=t.tokens) for h, t in zip(heard, tokened, strict=False)]
+
+
+def test_a_decode_is_given_the_confirmed_words_of_its_buffer_but_its_last_few():
+    """A decode is given the confirmed words of its buffer, forced rather than decoded again, all but
+    the last PREFIX_REREAD_WORDS, which it reads again (where its own text goes on from)."""
+    truth, samples = speech(12)
+    decoder = TokenedStandInDecoder(truth)
+    buffer, confirmed = RollingBuffer(), []
+    for start in range(0, len(samples), SAMPLE_RATE // 10):
+        buffer.append(samples[start : start + SAMPLE_RATE // 10])
+        while buffer.wants_decode():
+            decode = buffer.next_decode()
+            in_buffer = texts(buffer.agreement.in_buffer)
+            assert texts(decode.prefix) == in_buffer[: len(in_buffer) - live_buffer.PREFIX_REREAD_WORDS]
+            confirmed += buffer.take(decode, decoder(decode)).confirmed
+    buffer.end()
+    while buffer.wants_decode():
+        decode = buffer.next_decode()
+        confirmed += buffer.take(decode, decoder(decode)).confirmed
+    confirmed += buffer.finish().confirmed
+    assert [(w.word, w.start, w.end) for w in confirmed] == [(w.word, w.start, w.end) for w in truth]
+    assert max(len(prefix) for prefix in decoder.prefixes) > 3  # later decodes start after what is known
+
+
+def test_a_decode_that_reads_its_prefix_otherwise_is_compared_whole():
+    """A prefix decoded with a punctuation mark after it still counts as the prefix ("two" given,
+    "two." read); a prefix whose last word runs on ("un" given, "unwise" read) is not: the decode's
+    words are then compared whole, as a decode without a prefix's are."""
+    prefix = (word(" one", 0.1, 0.4), word(" two", 0.5, 0.8))
+    after = [word(" three", 1.0, 1.2)]
+    assert live_buffer._after_prefix([prefix[0], word(" two.", 0.5, 0.8), *after], prefix) == after
+    assert live_buffer._after_prefix([prefix[0], word(" twofold", 0.5, 1.0)], prefix) is None
+    assert live_buffer._after_prefix([prefix[0]], prefix) is None
+
+
+def test_no_prefix_is_given_where_a_confirmed_word_has_no_tokens():
+    """Words without tokens (a window too short to align reads none here) cannot be forced again."""
+
+    def prefix_after(heard):
+        buffer = RollingBuffer()
+        for _ in range(2):
+            buffer.append(np.zeros(SAMPLE_RATE, dtype=np.float32))
+            buffer.take(buffer.next_decode(), heard)
+        buffer.append(np.zeros(SAMPLE_RATE, dtype=np.float32))
+        return texts(buffer.next_decode().prefix)
+
+    heard = [
+        word(f" {text}", 0.15 * i, 0.15 * i + 0.1) for i, text in enumerate("one two three four five".split())
+    ]
+    tokened = [replace(w, tokens=[i]) for i, w in enumerate(heard)]
+    assert prefix_after(tokened) == ["one", "two", "three"]  # "four" and "five" are read again
+    tokened[1] = replace(tokened[1], tokens=[])
+    assert prefix_after(tokened) == []

@@ -23,7 +23,7 @@ import numpy as np
 from vllm_whisper_align.align.results import SEGMENT_PAUSE_S
 from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
-from vllm_whisper_align.live.agreement import Agreement
+from vllm_whisper_align.live.agreement import Agreement, same_word
 
 # A decode is due once this much audio has come since the last (ufal/whisper_streaming's min-chunk-size):
 # decodes follow one another as fast as the engine answers, each hearing at least this much more than
@@ -46,15 +46,28 @@ TRIM_AFTER_S = 10.0
 # How much confirmed text before the buffer is the decoder's prompt.
 PROMPT_CHARS = 200
 
+# A decode is given the confirmed words of its buffer as its prefix (forced, not decoded again: a
+# decode's time grows with the text it writes) but the last few, which it reads again: forced to its
+# end, a decode goes on from where an earlier, shorter decode stopped writing, and Whisper then ended
+# after a forced "was." with speech still to come, or read the next words otherwise (docs/streaming.md).
+PREFIX_REREAD_WORDS = 2
+
 
 @dataclass(frozen=True)
 class Decode:
     """One decode a stream asks for: ``samples`` (the buffer), which start ``offset`` seconds into the
-    stream; ``prompt``: the confirmed text before them."""
+    stream; ``prompt``: the confirmed text before them; ``prefix``: confirmed words the buffer begins
+    with, which the decode is given rather than decodes again (their tokens forced after the start
+    tokens: one prefill step instead of a decode step a token)."""
 
     samples: np.ndarray
     offset: float
     prompt: str | None
+    prefix: tuple[Word, ...] = ()
+
+    @property
+    def prefix_tokens(self) -> list[int]:
+        return [token for word in self.prefix for token in word.tokens]
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ class RollingBuffer:
         if overflow > 0:  # take() leaves room for MAX_STEP_S; never more than a window all the same
             self._trim_at(self.offset + overflow)
         self._take_in(int(round(step * SAMPLE_RATE)))
-        return Decode(self.audio, self.offset, self._prompt())
+        return Decode(self.audio, self.offset, self._prompt(), self._prefix())
 
     def take(self, decode: Decode, words: Sequence[Word] | None) -> Update:
         """A decode's words (times within ``decode.samples``): those two decodes agree on confirmed; the
@@ -133,7 +146,9 @@ class RollingBuffer:
         confirmed = []
         if words is not None:
             heard = [_shifted(word, decode.offset) for word in words]
-            confirmed = self.agreement.confirm(heard, decode.offset + len(decode.samples) / SAMPLE_RATE)
+            said = _after_prefix(heard, decode.prefix) if decode.prefix else None
+            heard_until = decode.offset + len(decode.samples) / SAMPLE_RATE
+            confirmed = self.agreement.confirm(heard if said is None else said, heard_until)
         if self.seconds > TRIM_AFTER_S:
             cut = self._sentence_cut()
             if cut is not None:
@@ -200,11 +215,28 @@ class RollingBuffer:
         rest = arrived[num_samples:]
         self.arrived = [rest] if len(rest) else []
 
+    def _prefix(self) -> tuple[Word, ...]:
+        """The confirmed words in the buffer but the last PREFIX_REREAD_WORDS, as a decode's prefix;
+        none if one of them has no tokens."""
+        in_buffer = self.agreement.in_buffer
+        words = tuple(in_buffer[: max(len(in_buffer) - PREFIX_REREAD_WORDS, 0)])
+        return words if all(word.tokens for word in words) else ()
+
     def _prompt(self) -> str | None:
         """The confirmed text before the buffer, its last PROMPT_CHARS characters."""
         before = [word.word for word in self.confirmed if word.end <= self.offset]
         text = "".join(before).strip()[-PROMPT_CHARS:]
         return text or None
+
+
+def _after_prefix(words: Sequence[Word], prefix: Sequence[Word]) -> list[Word] | None:
+    """A decode's words after the prefix it was given (the confirmed words it reads again among them,
+    as in a decode without one); None where its first words are not the prefix's (a punctuation mark
+    decoded after the prefix joins its last word: "cat" given, "cat." read)."""
+    count = len(prefix)
+    if len(words) < count or not all(same_word(a, b) for a, b in zip(words, prefix, strict=False)):
+        return None
+    return list(words[count:])
 
 
 def _shifted(word: Word, seconds: float) -> Word:

@@ -114,12 +114,18 @@ def decode_work(
     options: TranscriptionOptions,
 ) -> driver.Driver:
     """One decode of a stream's buffer, with word timings; the confirmed text before it (or the
-    stream's own prompt) as the prompt; at the first temperature of the schedule only. The fallback's
+    stream's own prompt) as the prompt, and the confirmed words in it as its prefix (``Decode``); at
+    the first temperature of the schedule only. The fallback's
     retries at higher temperatures are left out: LocalAgreement already waits for two decodes to agree,
     a sampled retry's text agrees with little, and a short buffer that fails the thresholds would be
     decoded at every temperature, six decodes in one stream's turn (24 s of one in a trial)."""
     plan = yield from driver.transcription_plan(
-        decode.samples, facts, language=language, prompt=decode.prompt or prompt, options=options
+        decode.samples,
+        facts,
+        language=language,
+        prompt=decode.prompt or prompt,
+        options=options,
+        prefix_tokens=decode.prefix_tokens,
     )
     plan.fallback = replace(plan.fallback, temperatures=plan.fallback.temperatures[:1])
     return (yield from driver.run_plan(plan, facts.tokens))
