@@ -135,10 +135,12 @@ def speech(num_sentences: int, words_per_sentence: int = 6, word_s: float = 0.4,
     return truth, np.zeros(int((t + 1.0) * SAMPLE_RATE), dtype=np.float32)
 
 
-def stream(samples: np.ndarray, decoder, chunk_s: float) -> tuple[list[Word], list[float]]:
-    """``samples`` fed ``chunk_s`` at a time, each decode that is due run at once; every confirmed word,
-    and the buffer's length after each decode."""
-    buffer, confirmed, lengths = RollingBuffer(), [], []
+def stream(
+    samples: np.ndarray, decoder, chunk_s: float, buffer: RollingBuffer | None = None
+) -> tuple[list[Word], list[float]]:
+    """``samples`` fed ``chunk_s`` at a time into ``buffer`` (default a new one), each decode that is
+    due run at once; every confirmed word, and the buffer's length after each decode."""
+    buffer, confirmed, lengths = buffer or RollingBuffer(), [], []
     step = int(chunk_s * SAMPLE_RATE)
     for start in range(0, len(samples), step):
         buffer.append(samples[start : start + step])
@@ -347,15 +349,16 @@ def test_a_stream_is_at_rest_only_with_nothing_of_it_decoded_or_due():
 
 
 class TokenedStandInDecoder(StandInDecoder):
-    """As StandInDecoder, with tokens on each word (a decode's words as the engine gives them), and the
-    prefix of each decode kept: an engine forces it, so the decode's first words are the prefix's."""
+    """As StandInDecoder, with tokens on each word (a decode's words as the engine gives them); it keeps
+    each decode's prefix beside the confirmed words ``buffer`` held when the decode was asked for."""
 
-    def __init__(self, truth: list[Word]):
+    def __init__(self, truth: list[Word], buffer: RollingBuffer):
         super().__init__([Word(w.start, w.end, w.word, w.probability, [i]) for i, w in enumerate(truth)])
-        self.prefixes: list[list[str]] = []
+        self.buffer = buffer
+        self.prefixes: list[tuple[list[str], list[str]]] = []
 
     def __call__(self, decode):
-        self.prefixes.append(texts(decode.prefix))
+        self.prefixes.append((texts(decode.prefix), texts(self.buffer.agreement.in_buffer)))
         heard = super().__call__(decode)
         tokened = [w for w in self.truth if w.start >= decode.offset]
         return [replace(h, tokens=t.tokens) for h, t in zip(heard, tokened, strict=False)]
@@ -365,22 +368,13 @@ def test_a_decode_is_given_the_confirmed_words_of_its_buffer_but_its_last_few():
     """A decode is given the confirmed words of its buffer, forced rather than decoded again, all but
     the last PREFIX_REREAD_WORDS, which it reads again (where its own text goes on from)."""
     truth, samples = speech(12)
-    decoder = TokenedStandInDecoder(truth)
-    buffer, confirmed = RollingBuffer(), []
-    for start in range(0, len(samples), SAMPLE_RATE // 10):
-        buffer.append(samples[start : start + SAMPLE_RATE // 10])
-        while buffer.wants_decode():
-            decode = buffer.next_decode()
-            in_buffer = texts(buffer.agreement.in_buffer)
-            assert texts(decode.prefix) == in_buffer[: len(in_buffer) - live_buffer.PREFIX_REREAD_WORDS]
-            confirmed += buffer.take(decode, decoder(decode)).confirmed
-    buffer.end()
-    while buffer.wants_decode():
-        decode = buffer.next_decode()
-        confirmed += buffer.take(decode, decoder(decode)).confirmed
-    confirmed += buffer.finish().confirmed
+    buffer = RollingBuffer()
+    decoder = TokenedStandInDecoder(truth, buffer)
+    confirmed, _ = stream(samples, decoder, 0.1, buffer)
     assert [(w.word, w.start, w.end) for w in confirmed] == [(w.word, w.start, w.end) for w in truth]
-    assert max(len(prefix) for prefix in decoder.prefixes) > 3  # later decodes start after what is known
+    for prefix, in_buffer in decoder.prefixes:
+        assert prefix == in_buffer[: len(in_buffer) - live_buffer.PREFIX_REREAD_WORDS]
+    assert max(len(prefix) for prefix, _ in decoder.prefixes) > 3  # later decodes start after what is known
 
 
 def test_a_decode_that_reads_its_prefix_otherwise_is_compared_whole():
