@@ -377,15 +377,23 @@ def test_a_decode_is_given_the_confirmed_words_of_its_buffer_but_its_last_few():
     assert max(len(prefix) for prefix, _ in decoder.prefixes) > 3  # later decodes start after what is known
 
 
-def test_a_decode_that_reads_its_prefix_otherwise_is_compared_whole():
-    """A prefix decoded with a punctuation mark after it still counts as the prefix ("two" given,
-    "two." read); a prefix whose last word runs on ("un" given, "unwise" read) is not: the decode's
-    words are then compared whole, as a decode without a prefix's are."""
-    prefix = (word(" one", 0.1, 0.4), word(" two", 0.5, 0.8))
-    after = [word(" three", 1.0, 1.2)]
-    assert live_buffer._after_prefix([prefix[0], word(" two.", 0.5, 0.8), *after], prefix) == after
-    assert live_buffer._after_prefix([prefix[0], word(" twofold", 0.5, 1.0)], prefix) is None
-    assert live_buffer._after_prefix([prefix[0]], prefix) is None
+def test_a_prefixed_decodes_words_are_confirmed_once_however_it_reads_its_prefix():
+    """A decode's first words are its prefix, confirmed already, read with a mark after the last
+    ("three" given, "three." read) or its word run on ("three" given, "threefold" read): only the
+    words after the confirmed ones are new."""
+    names = "one two three four five six seven".split()
+    heard = [replace(word(f" {n}", 0.2 * i, 0.2 * i + 0.1), tokens=[i]) for i, n in enumerate(names)]
+    for reading in (" three.", " threefold"):
+        buffer, confirmed = RollingBuffer(), []
+        for words in (heard[:5], heard[:5], None, heard, heard):
+            buffer.append(np.zeros(SAMPLE_RATE, dtype=np.float32))
+            decode = buffer.next_decode()
+            if words is None:  # the decode given "one two three", reading it otherwise
+                assert texts(decode.prefix) == ["one", "two", "three"]
+                words = [*heard[:2], replace(heard[2], word=reading), *heard[3:6]]
+            confirmed += buffer.take(decode, words).confirmed
+        confirmed += buffer.finish().confirmed
+        assert texts(confirmed) == names
 
 
 def test_no_prefix_is_given_where_a_confirmed_word_has_no_tokens():

@@ -23,7 +23,7 @@ import numpy as np
 from vllm_whisper_align.align.results import SEGMENT_PAUSE_S
 from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
-from vllm_whisper_align.live.agreement import Agreement, same_word
+from vllm_whisper_align.live.agreement import Agreement
 
 # A decode is due once this much audio has come since the last (ufal/whisper_streaming's min-chunk-size):
 # decodes follow one another as fast as the engine answers, each hearing at least this much more than
@@ -145,10 +145,10 @@ class RollingBuffer:
         is not believed (it looped), confirms nothing, and the next is compared with the one before."""
         confirmed = []
         if words is not None:
+            # A prefixed decode's first words are its prefix's: confirmed words said again, which
+            # confirm() drops as it does any decode's.
             heard = [_shifted(word, decode.offset) for word in words]
-            said = _after_prefix(heard, decode.prefix) if decode.prefix else None
-            heard_until = decode.offset + len(decode.samples) / SAMPLE_RATE
-            confirmed = self.agreement.confirm(heard if said is None else said, heard_until)
+            confirmed = self.agreement.confirm(heard, decode.offset + len(decode.samples) / SAMPLE_RATE)
         if self.seconds > TRIM_AFTER_S:
             cut = self._sentence_cut()
             if cut is not None:
@@ -227,16 +227,6 @@ class RollingBuffer:
         before = [word.word for word in self.confirmed if word.end <= self.offset]
         text = "".join(before).strip()[-PROMPT_CHARS:]
         return text or None
-
-
-def _after_prefix(words: Sequence[Word], prefix: Sequence[Word]) -> list[Word] | None:
-    """A decode's words after the prefix it was given (the confirmed words it reads again among them,
-    as in a decode without one); None where its first words are not the prefix's (a punctuation mark
-    decoded after the prefix joins its last word: "cat" given, "cat." read)."""
-    count = len(prefix)
-    if len(words) < count or not all(same_word(a, b) for a, b in zip(words, prefix, strict=False)):
-        return None
-    return list(words[count:])
 
 
 def _shifted(word: Word, seconds: float) -> Word:
