@@ -619,9 +619,8 @@ def window_output(
     pairs = [(t, _logprob_of(lp, t)) for t, lp in zip(ids, sampled, strict=False) if tokens.is_text_token(t)]
     prefix = window.prefix_tokens
     entries = _prompt_text_entries(window, output, len(prefix))
-    pairs = [(t, _logprob_of(e, t)) for t, e in zip(prefix, entries, strict=True)] + pairs[
-        : window.max_text_tokens
-    ]
+    given = [(t, _logprob_of(e, t)) for t, e in zip(prefix, entries, strict=True)]
+    pairs = given + pairs[: window.max_text_tokens]
     token_ids, logprobs = [t for t, _ in pairs], [lp for _, lp in pairs]
     # The reference sums the sampled tokens' log-probabilities up to and including eot, over len + 1.
     eot_logprobs = (_logprob_of(lp, t) for t, lp in zip(ids, sampled, strict=False) if t == tokens.eot)
