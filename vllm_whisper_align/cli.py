@@ -600,7 +600,7 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 
     vllm_logging_now()  # the defaults' line comes before vLLM's server configures logging
     model = resolve_model(model_name)
-    defaults, engine_env = _serve_defaults(model_name, model, server_argv)
+    defaults, server_argv, engine_env = _serve_defaults(model_name, model, server_argv)
     env = {**os.environ, **engine_env, **http_environment()}
     plugins = [p for p in env.get("VLLM_PLUGINS", "").split(",") if p]
     env["VLLM_PLUGINS"] = ",".join(dict.fromkeys([*plugins, "whisper-align"]))
@@ -613,20 +613,31 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 
 def _serve_defaults(
     model_name: str | None, model: str, server_argv: list[str]
-) -> tuple[list[str], dict[str, str]]:
-    """The engine flags the user did not give, and the environment the server must start with.
+) -> tuple[list[str], list[str], dict[str, str]]:
+    """The engine flags the user did not give, the user's own flags to pass after them, and the
+    environment the server must start with.
 
     Decided by engine.settings, as for the offline API; the served name is the model's name, not
-    the path it was resolved to.
+    the path it was resolved to. A ``--dtype auto`` the user wrote is left out of their flags: it
+    asks for the default (``engine.settings.user_choices``), which the defaults then carry.
     """
     import argparse
 
-    from vllm_whisper_align.engine.settings import engine_environment, engine_settings, served_model_name
+    from vllm_whisper_align.engine.settings import (
+        VLLM_DEFAULT_DTYPE,
+        engine_environment,
+        engine_settings,
+        served_model_name,
+        user_choices,
+    )
 
     parser = _engine_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS  # so that only options the user wrote come back
-    given = vars(parser.parse_known_args(server_argv)[0])
+    written = vars(parser.parse_known_args(server_argv)[0])
+    given = user_choices(written)
+    if "dtype" in written and "dtype" not in given:
+        server_argv = _without_option(server_argv, "--dtype", VLLM_DEFAULT_DTYPE)
     settings = engine_settings(model, given)
     if "served_model_name" not in given:
         settings["served_model_name"] = served_model_name(model_name)
@@ -637,7 +648,24 @@ def _serve_defaults(
             flags.append(f"--{flag}" if value else f"--no-{flag}")
         else:
             flags += [f"--{flag}", json.dumps(value) if isinstance(value, dict) else str(value)]
-    return flags, engine_environment(given)
+    return flags, server_argv, engine_environment(given)
+
+
+def _without_option(argv: list[str], option: str, value: str) -> list[str]:
+    """``argv`` less ``option value`` and ``option=value``."""
+    kept: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg == f"{option}={value}":
+            continue
+        if arg == option:
+            following = next(rest, None)
+            if following == value:
+                continue
+            kept += [arg] if following is None else [arg, following]
+            continue
+        kept.append(arg)
+    return kept
 
 
 def _one_line(error: BaseException) -> str:

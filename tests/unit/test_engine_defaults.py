@@ -106,6 +106,8 @@ def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monk
     assert args["kv_cache_memory_bytes"] == kv_cache_bytes(TINY, dtype, args["max_num_seqs"])
     given = default_engine_args(str(model_dir), dtype="float16", kv_cache_memory_bytes=10**9, max_num_seqs=4)
     assert (given["dtype"], given["kv_cache_memory_bytes"], given["max_num_seqs"]) == ("float16", 10**9, 4)
+    # "auto", vLLM's default written out, asks for the default: not the model's float16.
+    assert default_engine_args(str(model_dir), dtype="auto")["dtype"] == dtype
     assert args["mm_processor_cache_gb"] == 0
     assert args["max_num_batched_tokens"] == 1536
     assert default_engine_args(str(model_dir), max_num_batched_tokens=4096)["max_num_batched_tokens"] == 4096
@@ -122,7 +124,7 @@ def test_user_kv_space_variable_wins(model_dir, monkeypatch):
 USER_SERVE_ARGV = [
     "--port",
     "8000",
-    "--dtype=auto",
+    "--dtype=float16",
     "--served-model-name",
     "mine",
     "-tp",
@@ -134,7 +136,8 @@ USER_SERVE_ARGV = [
 @pytest.mark.parametrize("argv", [[], USER_SERVE_ARGV])
 def test_serve_passes_only_what_the_user_did_not(model_dir, argv, monkeypatch):
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)  # the user's KV setting would win
-    flags, env = cli._serve_defaults(None, str(model_dir), argv)
+    flags, user_flags, env = cli._serve_defaults(None, str(model_dir), argv)
+    assert user_flags == argv
     options = vars(cli._engine_parser().parse_args(flags))  # the flags parse as vLLM's own
     if argv:
         assert not {"--dtype", "--served-model-name", "--enforce-eager", "--no-enforce-eager"} & set(flags)
@@ -145,6 +148,17 @@ def test_serve_passes_only_what_the_user_did_not(model_dir, argv, monkeypatch):
     assert options["kv_cache_memory_bytes"] > 0
     assert options["max_num_batched_tokens"] == 1536
     assert env.get("VLLM_WORKER_MULTIPROC_METHOD", os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")) == "spawn"
+
+
+@pytest.mark.parametrize("auto", [["--dtype=auto"], ["--dtype", "auto"]])
+def test_serve_reads_dtype_auto_as_its_default(model_dir, auto):
+    """`--dtype auto` is vLLM's default written out: serve gives its CPU pick, not the model's float16."""
+    argv = ["--port", "8000", *auto, "--max-num-seqs", "4"]
+    flags, user_flags, _ = cli._serve_defaults(None, str(model_dir), argv)
+    assert user_flags == ["--port", "8000", "--max-num-seqs", "4"]
+    options = vars(cli._engine_parser().parse_known_args(flags + user_flags)[0])  # as serve passes them
+    assert options["dtype"] == fast_dtype(True, cpu_flags())
+    assert options["max_num_seqs"] == 4
 
 
 @pytest.mark.parametrize(("given", "backend"), [({}, "uni"), ({"distributed_executor_backend": "mp"}, "mp")])

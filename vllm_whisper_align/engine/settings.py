@@ -4,7 +4,8 @@ Decided here and nowhere else, each only when the user did not set it:
 
 - dtype: on CPU, float32 unless the CPU has native bf16 (then bfloat16). The bundled tiny.en carries
   ``torch_dtype: float16``, and on a CPU without native half precision float16 ran at a sixth of
-  float32's speed. On GPU the model's own dtype stays.
+  float32's speed. On GPU the model's own dtype stays. ``--dtype auto`` (vLLM's default, written out)
+  asks for this default too (:func:`user_choices`).
 - KV cache: on CPU, vLLM reserves a fixed amount up front. It is sized from the model's decoder
   (layers, width), its contexts (448 decoder tokens, 1500 encoder rows) and ``max_num_seqs``; an
   idle server hands its pages back until the next request (memory.py).
@@ -59,6 +60,8 @@ CPU_KV_BLOCK_SIZE = 128
 # Used when the model's config cannot be read here (vLLM will then report why): vLLM's old default.
 FALLBACK_KV_CACHE_BYTES = 2 * 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# vLLM's default --dtype: the model's own (float16 for tiny.en), kept as is on an x86 CPU.
+VLLM_DEFAULT_DTYPE = "auto"
 
 
 # ---- dtype ---------------------------------------------------------------------------------------
@@ -73,6 +76,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+def user_choices(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The engine arguments of ``given`` the user chose: all but those None, and but a dtype "auto".
+
+    "auto" is vLLM's default dtype; a user who writes it out asks for the default, not for the
+    model's float16, which vLLM's "auto" keeps on an x86 CPU (the dtype note at the top).
+    """
+    return {
+        name: value
+        for name, value in given.items()
+        if value is not None and (name, value) != ("dtype", VLLM_DEFAULT_DTYPE)
+    }
 
 
 def fast_dtype(on_cpu: bool, flags: frozenset[str]) -> str | None:
@@ -155,6 +171,8 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Engine arguments for ``model`` that the user has not set in ``given`` (engine argument names)."""
     from vllm.platforms import current_platform
 
+    given = user_choices(given)
+
     settings: dict[str, Any] = {
         "limit_mm_per_prompt": {"audio": 1},
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
@@ -185,8 +203,8 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
 def _cpu_kv_cache_bytes(hf_config: Any | None, args: Mapping[str, Any]) -> int:
     if hf_config is None:
         return FALLBACK_KV_CACHE_BYTES
-    dtype = args.get("dtype") or "auto"
-    if dtype == "auto":
+    dtype = args.get("dtype") or VLLM_DEFAULT_DTYPE
+    if dtype == VLLM_DEFAULT_DTYPE:
         dtype = _model_dtype(hf_config)
     block_size = args.get("block_size") or CPU_KV_BLOCK_SIZE
     # A dtype not listed (an fp8 KV cache, say) is sized as float32: more than it needs.

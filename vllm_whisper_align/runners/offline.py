@@ -23,7 +23,7 @@ from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints.bundled import resolve_model
 from vllm_whisper_align.engine import vllm_internals
-from vllm_whisper_align.engine.settings import engine_environment, engine_settings
+from vllm_whisper_align.engine.settings import engine_environment, engine_settings, user_choices
 from vllm_whisper_align.errors import NoCaptureError, OptionError
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
@@ -47,7 +47,7 @@ def default_engine_args(model: str, **overrides: Any) -> dict[str, Any]:
 
     Returns arguments only: the environment the engine also needs is :func:`engine_environment`'s.
     """
-    given = {k: v for k, v in overrides.items() if v is not None}
+    given = user_choices(overrides)
     args = {"model": model, **engine_settings(model, given), **given}
     # Checked here so that a typo is one clear error, not an engine that fails to start.
     WhisperAlignConfig.from_additional_config(args.get("additional_config"))
