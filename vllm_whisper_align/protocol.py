@@ -162,6 +162,11 @@ MAX_PARKED = 4096
 # windows between the two passes of its alignment for any model, and 233 windows of tiny.en's in
 # bfloat16 (1.9 hours of the benchmark's speech, cut into windows of 27 s on average).
 ENCODER_CACHE_MIB = 256
+# How far (s) an urgent request (one window or less, a live decode) goes ahead of the windows of longer
+# files begun before it, and so about how long a flood of urgent requests can hold a file back
+# (runners.service.engine_priority).
+URGENT_HEAD_START_S = 120.0
+MAX_HEAD_START_S = 1e9  # ~32 years: "always first", and a priority that stays an integer
 
 
 @dataclass
@@ -179,6 +184,8 @@ class WhisperAlignConfig:
     packing: bool = True
     # Short forced alignments too: faster, but their starts are read a little less well (docs/packing.md).
     pack_alignments: bool = False
+    # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
+    urgent_head_start_s: float = URGENT_HEAD_START_S
 
     @classmethod
     def from_additional_config(cls, additional_config: dict | None) -> WhisperAlignConfig:
@@ -203,5 +210,12 @@ class WhisperAlignConfig:
             raise ValueError(
                 "whisper_align.encoder_cache_mib must be a whole number of MiB >= 0, got "
                 f"{config.encoder_cache_mib!r}"
+            )
+        head_start = config.urgent_head_start_s
+        number = isinstance(head_start, (int, float)) and not isinstance(head_start, bool)
+        if not number or not 0 <= head_start <= MAX_HEAD_START_S:
+            raise ValueError(
+                f"whisper_align.urgent_head_start_s must be seconds from 0 to {MAX_HEAD_START_S:g}, "
+                f"got {head_start!r}"
             )
         return config

@@ -588,3 +588,54 @@ def test_short_and_live_requests_go_before_the_windows_of_longer_files(model_dir
     assert short["words"], short
     behind = (live_behind, streamed_behind, short_behind)
     assert max(behind) <= FILES_AHEAD // 2, behind
+
+
+# Short requests posted one after another by FLOOD_CLIENTS clients, FLOOD_REQUESTS in all: more than the
+# TWO_AT_A_TIME the engines run, so that some always wait for them while the flood lasts.
+FLOOD_CLIENTS = 6
+FLOOD_REQUESTS = 60
+
+
+def test_a_flood_of_short_requests_holds_a_longer_file_back_no_longer_than_the_urgent_head_start(
+    model_dir, tmp_path
+):
+    """Short requests go before the windows of longer files only by a head start (1 s here,
+    ``whisper_align.urgent_head_start_s``): a file posted while clients keep more short requests
+    waiting than the engines run is done while the flood goes on. With a constant priority for short
+    requests it waited for the last of them."""
+    from tests.support.servers import engine_counts, running_server
+
+    file = wav_bytes(long_clip(31))  # two windows
+    short = wav_bytes(sentence_clips()[1])
+    config = {"whisper_align": {"urgent_head_start_s": 1}}
+    args = ["--max-num-seqs", str(TWO_AT_A_TIME), "--additional-config", json.dumps(config)]
+
+    async def flood_then_file(server: str) -> tuple[dict, int]:
+        left, finished = [FLOOD_REQUESTS], [0]
+        async with httpx.AsyncClient(timeout=600) as http:
+
+            async def short_client() -> None:
+                while left[0] > 0:
+                    left[0] -= 1
+                    response = await http.post(
+                        f"{server}/v1/audio/transcriptions",
+                        files={"file": ("short.wav", short, "audio/wav")},
+                        data={"response_format": "json"},  # not packed: one engine request each
+                    )
+                    response.raise_for_status()
+                    finished[0] += 1
+
+            clients = [asyncio.create_task(short_client()) for _ in range(FLOOD_CLIENTS)]
+            deadline = time.monotonic() + 120
+            while (await asyncio.to_thread(engine_counts, server))["waiting"] < TWO_AT_A_TIME:
+                assert time.monotonic() < deadline and left[0] > 0, "the short requests never waited"
+                await asyncio.sleep(0.05)
+            answer = await transcribed(server, file, http)
+            done_before = finished[0]
+            await asyncio.gather(*clients)
+        return answer, done_before
+
+    with running_server(model_dir, tmp_path, args=args) as server:
+        answer, done_before = asyncio.run(flood_then_file(server))
+    assert answer["duration"] > 30 and answer["words"], answer
+    assert done_before <= FLOOD_REQUESTS // 2, done_before

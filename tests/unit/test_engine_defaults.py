@@ -111,7 +111,7 @@ def test_default_engine_args_sized_to_model_without_side_effects(model_dir, monk
     assert args["mm_processor_cache_gb"] == 0
     assert args["max_num_batched_tokens"] == 1536
     assert default_engine_args(str(model_dir), max_num_batched_tokens=4096)["max_num_batched_tokens"] == 4096
-    # Live decodes go before waiting file windows (runners.service.URGENT_PRIORITY); a policy given stays.
+    # Live decodes go before waiting file windows (runners.service.engine_priority); a policy given stays.
     assert args["scheduling_policy"] == "priority"
     assert default_engine_args(str(model_dir), scheduling_policy="fcfs")["scheduling_policy"] == "fcfs"
 
@@ -218,3 +218,28 @@ def test_the_live_stream_limit_comes_from_the_environment_and_a_bad_one_is_named
         monkeypatch.setenv(MAX_LIVE_STREAMS_ENV, bad)
         with pytest.raises(ValueError, match=MAX_LIVE_STREAMS_ENV):
             ServerLimits.from_env()
+
+
+def test_urgent_requests_go_before_a_file_for_the_head_start_and_no_longer(monkeypatch):
+    """Priorities as vLLM compares them (lower first): a file begun at 0, head start 120 s."""
+    from vllm_whisper_align.runners import service
+
+    now = [1_800_000_000.0]
+    began = now[0]
+    monkeypatch.setattr(service.time, "time", lambda: now[0])
+
+    def file_window() -> int:
+        return service.engine_priority(False, began, 120)
+
+    def urgent() -> int:
+        return service.engine_priority(True, 0.0, 120)
+
+    first = file_window()
+    now[0] += 100
+    assert urgent() < first  # a short request sent 100 s after the file goes first
+    assert file_window() == first  # a window sent later (a fallback) keeps its file's date
+    now[0] += 30
+    assert urgent() > first  # 130 s after: the file's waiting windows go first
+    later = file_window()
+    # A long file's later windows: beside urgent ones, which vLLM then takes in order of arrival.
+    assert later > first and later == urgent()

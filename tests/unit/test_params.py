@@ -77,6 +77,15 @@ def test_encoder_cache_size_must_be_whole_mib(value):
         WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": value}})
 
 
+@pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 2e9, "60", True, None])
+def test_urgent_head_start_must_be_seconds(value):
+    for good in (0, 1, 120.5):
+        config = WhisperAlignConfig.from_additional_config({"whisper_align": {"urgent_head_start_s": good}})
+        assert config.urgent_head_start_s == good
+    with pytest.raises(ValueError, match="urgent_head_start_s must be seconds from 0 to 1e"):
+        WhisperAlignConfig.from_additional_config({"whisper_align": {"urgent_head_start_s": value}})
+
+
 def test_unsupported_vllm_is_refused_with_the_supported_versions():
     vllm_internals.check_vllm()  # the installed one
     with pytest.raises(

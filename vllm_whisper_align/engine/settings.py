@@ -25,10 +25,10 @@ Decided here and nowhere else, each only when the user did not set it:
   served until the cache was full; a 3-hour recording alone would fill 330 MiB. Computing a
   window's features costs far less than the encoder pass that follows it.
 - the scheduling policy: ``priority``, so that requests of one window, live decodes and a streamed
-  answer's first window (``runners.service.URGENT_PRIORITY``) go before the waiting windows of longer
-  files, which have vLLM's default priority and are taken first come, first served as under
-  ``fcfs``. Under ``fcfs`` a live stream's decodes waited behind every window of the files posted
-  before them.
+  answer's first window go before the waiting windows of longer files begun less than a head start
+  before them (``runners.service.engine_priority``); windows are otherwise taken first come, first
+  served as under ``fcfs``. Under ``fcfs`` a live stream's decodes waited behind every window of the
+  files posted before them.
 - thread binding (environment only; see :func:`engine_environment`).
 - the served model id: a name, never a filesystem path.
 """

@@ -31,7 +31,6 @@ from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS, Decode, RollingBuf
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import driver
-from vllm_whisper_align.runners.service import URGENT_PRIORITY
 
 logger = get_logger(__name__)
 
@@ -222,9 +221,7 @@ class LiveStreams:
             stream.busy = True
         try:
             async with self.service.request_in_flight():
-                answers = await self.service.run(
-                    work, f"live-{next(self._round_numbers)}", priority=URGENT_PRIORITY
-                )
+                answers = await self.service.run(work, f"live-{next(self._round_numbers)}", urgent=True)
         except Exception as error:  # the engines failed the round: every stream in it is told
             logger.exception("whisper-align: a live round failed")
             answers = [(None, error)] * len(streams)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import math
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict
 from itertools import islice
@@ -69,18 +70,34 @@ def encoder_windows_per_step(vllm_config: Any) -> int:
 # (the first 32 of a 1-hour file's 120), which costs the rest of the file the time of one window alone.
 HEAD_START = 1
 
-# vLLM's priority (lower goes first where the engines schedule by priority, serve's default:
-# engine.settings) for engine requests a client waits on as they come, or that cost one window: live
-# decodes, a streamed answer's language detection and HEAD_START windows, and requests of at most one
-# window (packed or not). The windows of longer files do not queue ahead of them; they wait only for
-# a place a running window frees. A long file's windows have vLLM's default, 0: on a server flooded
-# with short requests, they get the places those leave.
-URGENT_PRIORITY = -1
+
+def engine_priority(urgent: bool, began: float, head_start_s: float) -> int:
+    """vLLM's priority for an engine request sent now by a request that began at ``began``
+    (``time.time()``, comparable across API server processes); lower goes first, and vLLM takes
+    equal priorities in order of arrival.
+
+    Urgent: one a client waits on as it comes, or that costs one window (live decodes, a streamed
+    answer's language detection and HEAD_START windows, requests of at most one window, packed or
+    not): dated ``head_start_s`` before it is sent (``WhisperAlignConfig.urgent_head_start_s``). The
+    windows of longer files: dated when their file began, but never more than the head start before
+    they are sent. So:
+
+    - an urgent request goes before the windows of files that began less than the head start before
+      it, and waits only for a place a running window frees;
+    - a file that has waited that long goes before every urgent request sent after, in each of its
+      rounds (a window that falls back to the next temperature keeps its file's date): a flood of
+      short requests holds a file back about that long, not without end;
+    - the later windows of a file older than the head start, sent as earlier ones finish
+      (``windows_in_flight``), take their turn beside urgent requests, in order of arrival, as under
+      ``fcfs``: a long file never shuts short requests out for the rest of its length.
+    """
+    now = time.time()
+    return int(now - head_start_s) if urgent else int(max(began, now - head_start_s))
 
 
-def priority_of(samples: np.ndarray | SpilledSamples) -> int:
-    """URGENT_PRIORITY for audio of one window or less, vLLM's default for longer."""
-    return URGENT_PRIORITY if len(samples) <= N_SAMPLES else 0
+def is_urgent(samples: np.ndarray | SpilledSamples) -> bool:
+    """Audio of one window or less: urgent (:func:`engine_priority`)."""
+    return len(samples) <= N_SAMPLES
 
 
 class AlignmentService:
@@ -104,8 +121,9 @@ class AlignmentService:
         self._idle_tasks: set[asyncio.Task] = set()
         config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
+        self.urgent_head_start_s = config.urgent_head_start_s
         self.packer = packing.PackQueue(
-            functools.partial(self.run, priority=URGENT_PRIORITY),  # short inputs only
+            functools.partial(self.run, urgent=True),  # short inputs only
             self.facts,
             encoder_windows_per_step(engine_client.vllm_config),
         )
@@ -185,7 +203,7 @@ class AlignmentService:
             prompt=prompt,
             options=options,
         )
-        return await self.run(work, request_id, priority=priority_of(samples))
+        return await self.run(work, request_id, urgent=is_urgent(samples))
 
     async def align(
         self,
@@ -208,7 +226,7 @@ class AlignmentService:
         work = driver.alignment(
             samples, self.facts, text=text, token_ids=token_ids, language=language, options=options
         )
-        return await self.run(work, request_id, priority=priority_of(samples))
+        return await self.run(work, request_id, urgent=is_urgent(samples))
 
     def check_duration(self, samples: np.ndarray | SpilledSamples) -> None:
         seconds = len(samples) / SAMPLE_RATE
@@ -232,7 +250,7 @@ class AlignmentService:
         work = driver.transcription_plan(
             samples, self.facts, language=language, task=task, prompt=prompt, options=options
         )
-        return await self.run(work, request_id, priority=URGENT_PRIORITY)
+        return await self.run(work, request_id, urgent=True)
 
     def alignment_plan(
         self,
@@ -260,7 +278,7 @@ class AlignmentService:
         work = driver.streamed(plan, self.tokens)
         waiting = iter(work.windows)
         tasks = [
-            asyncio.create_task(carrier.carry_out(window, URGENT_PRIORITY))
+            asyncio.create_task(carrier.carry_out(window, urgent=True))
             for window in islice(waiting, HEAD_START)
         ]
         try:
@@ -282,14 +300,15 @@ class AlignmentService:
         work: driver.Driver,
         request_id: str,
         on_output: Callable[[], None] | None = None,
-        priority: int = 0,
+        urgent: bool = False,
     ) -> Any:
         """``work``'s commands carried out on the engines, at most ``windows_in_flight`` of its engine
         requests at a time (one request's share); ``on_output`` is called at each one's first output
-        (the engines have started it). ``priority`` is vLLM's (lower goes first where the engines
-        schedule by priority; ignored under ``fcfs``). Cancelled (the client went away), it aborts the
+        (the engines have started it). ``urgent``: its engine requests go before the windows of longer
+        files begun up to the urgent head start before them (:func:`engine_priority`), where the
+        engines schedule by priority (not under ``fcfs``). Cancelled (the client went away), it aborts the
         engine requests it started and drops what was captured for them."""
-        carrier = _Carrier(self, request_id, on_output, priority)
+        carrier = _Carrier(self, request_id, on_output, urgent)
         try:
             return await carrier.carry_out(work)
         except asyncio.CancelledError as error:
@@ -348,24 +367,25 @@ class _Carrier:
         service: AlignmentService,
         request_id: str,
         on_output: Callable[[], None] | None = None,
-        priority: int = 0,
+        urgent: bool = False,
     ):
         self.service, self.request_id = service, request_id
-        self.on_output, self.priority = on_output, priority
+        self.on_output, self.urgent = on_output, urgent
+        self.began = time.time()
         self.slots = asyncio.Semaphore(service.windows_in_flight)
         self.started: list[str] = []
         self.keys: list[str] = []
 
-    async def carry_out(self, work: driver.Driver, priority: int | None = None) -> Any:
-        """``work`` carried out, its engine requests at ``priority`` (default: the carrier's)."""
-        chosen = self.priority if priority is None else priority
-        return await driver.carry_out_async(work, lambda command: self.answer(command, chosen))
+    async def carry_out(self, work: driver.Driver, urgent: bool | None = None) -> Any:
+        """``work`` carried out, its engine requests urgent or not (default: as the carrier's)."""
+        urgent = self.urgent if urgent is None else urgent
+        return await driver.carry_out_async(work, lambda command: self.answer(command, urgent))
 
-    async def answer(self, command: driver.Command, priority: int) -> Any:
+    async def answer(self, command: driver.Command, urgent: bool) -> Any:
         service = self.service
         if isinstance(command, driver.Generate):
             requests = command.requests
-            return list(await asyncio.gather(*(self.generate(request, priority) for request in requests)))
+            return list(await asyncio.gather(*(self.generate(request, urgent) for request in requests)))
         if isinstance(command, driver.Compute):
             return await asyncio.gather(*(asyncio.to_thread(function) for function in command.functions))
         if isinstance(command, driver.NoSpeech):
@@ -375,8 +395,9 @@ class _Carrier:
         await service.discard(command.keys)
         return None
 
-    async def generate(self, request: driver.EngineRequest, priority: int) -> Any:
+    async def generate(self, request: driver.EngineRequest, urgent: bool) -> Any:
         async with self.slots:
+            priority = engine_priority(urgent, self.began, self.service.urgent_head_start_s)
             engine_id = f"{self.request_id}-{request.name}"
             self.started.append(engine_id)
             self.keys.extend(request.capture_keys)
