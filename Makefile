@@ -1,5 +1,5 @@
 # Every target creates .venv/ (and installs what it needs) on first use: see scripts/bootstrap.
-.PHONY: serve test test-fast lint demo bench bench-streaming bench-clips venv
+.PHONY: serve test test-fast lint demo bench bench-streaming bench-clips bench-flood venv
 
 PY := .venv/bin/python
 PORT ?= 8000
@@ -37,3 +37,7 @@ bench-streaming: venv
 # Short clips through serve, packed and unpacked, and faster-whisper beside them (about 15 minutes).
 bench-clips: venv
 	flock -x /tmp/vwa-bench.lock $(PY) benchmarks/clip_lengths.py
+
+# A long file beside clients flooding serve with short clips: how long it is held back (about 10 minutes).
+bench-flood: venv
+	flock -x /tmp/vwa-bench.lock $(PY) benchmarks/flood_bench.py
