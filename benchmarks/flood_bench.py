@@ -19,12 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import json
-import os
-import shlex
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -35,8 +31,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE / "runners"))
-from streaming_bench import cpu, default_server  # noqa: E402
-from vllm_http_run import engine_dtype  # noqa: E402
+from streaming_bench import run_facts, server_in  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.servers import wav_bytes  # noqa: E402
@@ -142,24 +137,13 @@ def main() -> None:
     clips = [wav_bytes(clip) for clip in sentence_clips()]
     result: dict = {"file_audio_s": len(samples) / SAMPLE_RATE, "limit_s": args.limit, "levels": []}
     with contextlib.ExitStack() as stack:
-        server, dtype = args.server, "serve's own"
-        if server is None:
-            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "server.log"
-            server = stack.enter_context(default_server(log_path, None, shlex.split(args.serve_args)))
-            dtype = engine_dtype(log_path)
+        server, dtype = server_in(stack, args.server, None, args.serve_args)
         asyncio.run(file_beside_flood(server, clips[0], clips, 0, args.limit))  # warm
         for clients in (int(n) for n in args.clients.split(",")):
             row = asyncio.run(file_beside_flood(server, file, clips, clients, args.limit))
             print(f"  {row}", flush=True)
             result["levels"].append(row)
-    result |= {
-        "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/flood_bench.py "
-        + shlex.join(sys.argv[1:]),
-        "cpu": cpu(),
-        "cores": len(os.sched_getaffinity(0)),
-        "dtype": dtype,
-    }
+    result |= run_facts("flood_bench.py", dtype)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))
     print(report(result))

@@ -39,6 +39,7 @@ import base64
 import contextlib
 import datetime
 import json
+import os
 import platform
 import shlex
 import sys
@@ -288,6 +289,31 @@ def default_server(log_path: Path, dtype: str | None, extra_args: list[str]):
         stop_server(proc)
 
 
+def server_in(
+    stack: contextlib.ExitStack, server: str | None, dtype: str | None, serve_args: str
+) -> tuple[str, str]:
+    """``server``, or `serve` started with its defaults (``dtype`` None: its own pick; ``serve_args``
+    added) for the life of ``stack``; and the dtype it runs."""
+    if server is not None:
+        return server, "serve's own"
+    log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "server.log"
+    server = stack.enter_context(default_server(log_path, dtype, shlex.split(serve_args)))
+    return server, engine_dtype(log_path)
+
+
+def run_facts(script: str, dtype: str) -> dict:
+    """When, by which command, on which machine a run of ``script`` (benchmarks/NAME) was taken."""
+    return {
+        "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": f"flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/{script} "
+        + shlex.join(sys.argv[1:]),
+        "cpu": cpu(),
+        "cores": len(os.sched_getaffinity(0)),
+        "dtype": dtype,
+        "python": platform.python_version(),
+    }
+
+
 def cpu() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     return "Zen 4 with AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
@@ -375,11 +401,7 @@ def main() -> None:
     levels = [int(n) for n in args.bulk.split(",") if n]
     result: dict = {}
     with contextlib.ExitStack() as stack:
-        server, dtype = args.server, "serve's own"
-        if server is None:
-            log_path = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "server.log"
-            server = stack.enter_context(default_server(log_path, args.dtype, shlex.split(args.serve_args)))
-            dtype = engine_dtype(log_path)
+        server, dtype = server_in(stack, args.server, args.dtype, args.serve_args)
         url = server.replace("http://", "ws://") + "/v1/realtime"
         if not args.bulk_only:
             print("one stream at a time", flush=True)
@@ -389,15 +411,7 @@ def main() -> None:
         if levels:
             print("one stream beside bulk HTTP clients", flush=True)
             result["beside_bulk"] = beside_bulk(server, url, levels)
-    result |= {
-        "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": "flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/streaming_bench.py "
-        + shlex.join(sys.argv[1:]),
-        "cpu": cpu(),
-        "cores": len(__import__("os").sched_getaffinity(0)),
-        "dtype": dtype,
-        "python": platform.python_version(),
-    }
+    result |= run_facts("streaming_bench.py", dtype)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))
     print(report(result))
