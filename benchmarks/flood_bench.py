@@ -5,11 +5,12 @@
 It starts `vllm-whisper-align serve` with its defaults (tiny.en, serve's dtype for this CPU;
 `--serve-args` adds flags, e.g. `--scheduling-policy fcfs` or `--additional-config
 '{"whisper_align": {"urgent_head_start_s": 10}}'`) and, for each N of `--clients` (default 0,32,64),
-lets N clients post 2-3 s clips one after another (plain `json`: no word timestamps, so not packed, one
-engine request each), then, once they have run for a few seconds, posts a 3-minute recording of real
-speech (tests/support/real_speech.py, joined with its own pauses) with word timestamps: how long it
-takes, against the same file alone (N = 0), and how many clips a second the flood got answered
-meanwhile. A file not done within `--limit` seconds is reported as such.
+lets N clients post the 4-8 s espeak-ng sentences of tests/support/speech.py one after another (plain
+`json`: no word timestamps, so not packed, one engine request each; 8 sentences, so repeats hit the
+encoder cache: a flood cheaper than real traffic), then, once they have run for a few seconds, posts
+a 3-minute recording of real speech (tests/support/real_speech.py, joined with its own pauses) with
+word timestamps: how long it takes, against the same file alone (N = 0), and how many clips a second
+the flood got answered meanwhile. A file not done within `--limit` seconds is reported as such.
 
 Writes benchmarks/out/flood.json and prints a section for benchmarks/RESULTS.md.
 """
@@ -106,8 +107,8 @@ def report(result: dict) -> str:
         "",
         f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en {result['dtype']} on "
         "`vllm-whisper-align serve`",
-        f"- The file: {result['file_audio_s']:.0f} s of real speech, word timestamps; the clips: 2-3 s, "
-        "`json`, one after another per client",
+        f"- The file: {result['file_audio_s']:.0f} s of real speech, word timestamps; the clips: 4-8 s "
+        "sentences, `json`, one after another per client",
         "",
         "| clients posting clips | the file answered in | clips answered meanwhile, per s "
         "| a clip's answer, median |",
