@@ -22,7 +22,8 @@ streams with the `websockets` client, 100 ms of PCM16 a message, at real time:
   speech (word timestamps, one request after another) while a real-speech recording streams at real
   time; per level the stream's delays, and the audio seconds the bulk clients got transcribed per
   wall second (from their first request to the end of the last, which they finish after the stream);
-  and meanwhile one more client posts a 2-3 s clip a second after each answer: how long it waits.
+  and meanwhile one more client posts a 6 s clip (one espeak sentence) a second after each answer: how
+  long it waits.
   `--bulk-only` runs this part alone; `--serve-args` passes flags to serve (e.g. vLLM's
   `--scheduling-policy fcfs`, to compare with serve's default).
 
@@ -253,7 +254,7 @@ async def _stream_beside(
     short = wav_bytes(sentence_clips()[2].samples)
 
     async def short_client() -> None:
-        """A 2-3 s clip posted, answered, then posted again a second later, while the stream runs."""
+        """A 6 s clip posted, answered, then posted again a second later, while the stream runs."""
         async with httpx.AsyncClient(timeout=3600) as http:
             while not stop.is_set():
                 posted = time.monotonic()
