@@ -27,7 +27,7 @@ from tests.support.servers import (
     whisper_align_args,
 )
 from tests.support.silence import state_total_samples, write_silent_flac
-from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors, word_errors
+from tests.support.speech import concatenate_clips, long_clip, sentence_clips, start_errors
 from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
@@ -792,11 +792,15 @@ def test_short_requests_that_wait_together_share_windows_and_keep_their_own_word
     assert after["packed_windows"] > before["packed_windows"]
     for clip, result in zip(clips, results, strict=True):
         assert result.duration == pytest.approx(clip.duration, abs=1e-3)
-        # its own sentence: nearer its clip's words than any other sentence sent beside it
-        heard = [w.word.strip(" .,").lower() for w in result.words]
-        own = word_errors([w.lower() for w in clip.words], heard)
-        others = [word_errors([w.lower() for w in c.words], heard) for c in clips if c.text != clip.text]
-        assert own < min(others), (clip.text, result.text)
+        # none of another sentence sent beside it: at most one word of any other sentence that its own
+        # lacks. (Not "nearer its own sentence than any other": tiny.en now and then misreads a packed
+        # clip whole, "A- can't. At. A- the. Warum. Matt." for "The cat sat on the warm mat.", whose
+        # words then lie as near another sentence; a neighbour's words read into it are several.)
+        heard = {w.word.strip(" .,").lower() for w in result.words}
+        own = {w.lower() for w in clip.words}
+        for other in {c.text: c for c in clips if c.text != clip.text}.values():
+            foreign = heard & ({w.lower() for w in other.words} - own)
+            assert len(foreign) <= 1, (clip.text, result.text, other.text)
         assert all(0 <= w.start <= w.end <= clip.duration + 1e-6 for w in result.words)
     errors = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
     assert np.mean(errors <= 0.1) >= 0.7
