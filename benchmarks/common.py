@@ -217,9 +217,14 @@ def log(*parts: Any) -> None:
     print(time.strftime("%H:%M:%S"), *parts, file=sys.stderr, flush=True)
 
 
-# Variants of this project's engine, named like dtypes in --dtypes: "<dtype>" or "<dtype>+int8enc"
-# (encoder linear layers in int8, see vllm_whisper_align.engine.int8).
-INT8_ENCODER_SUFFIX = "+int8enc"
+# Variants of this project's engine, named like dtypes in --dtypes: "<dtype>" followed by any of these
+# suffixes, each a `whisper_align` setting (--additional-config) and what the precision column says of it:
+# "+int8enc" the encoder's linear layers in int8 (vllm_whisper_align.engine.int8); "+unpacked" every short
+# input in a window of its own (packing off: docs/packing.md).
+VARIANT_SUFFIXES = {
+    "+int8enc": ({"encoder_int8": True}, "encoder linears int8"),
+    "+unpacked": ({"packing": False}, "unpacked"),
+}
 
 
 # The variant that passes no --dtype: what a user gets from plain `vllm-whisper-align serve`.
@@ -231,14 +236,20 @@ def engine_variant(name: str) -> tuple[str, dict]:
 
     The dtype of DEFAULT_VARIANT is "default": the runner passes none and reports the engine's choice.
     """
-    dtype, int8_encoder = name.removesuffix(INT8_ENCODER_SUFFIX), name.endswith(INT8_ENCODER_SUFFIX)
-    return dtype, ({"whisper_align": {"encoder_int8": True}} if int8_encoder else {})
+    dtype, *suffixes = name.split("+")
+    settings = {}
+    for suffix in suffixes:
+        if f"+{suffix}" not in VARIANT_SUFFIXES:
+            known = ", ".join(VARIANT_SUFFIXES)
+            raise SystemExit(f"unknown engine variant suffix +{suffix} in {name!r}; known: {known}")
+        settings.update(VARIANT_SUFFIXES[f"+{suffix}"][0])
+    return dtype, ({"whisper_align": settings} if settings else {})
 
 
 def precision_label(dtype: str, additional_config: dict) -> str:
-    if additional_config.get("whisper_align", {}).get("encoder_int8"):
-        return f"{dtype}, encoder linears int8"
-    return dtype
+    settings = additional_config.get("whisper_align", {})
+    labels = [label for setting, label in VARIANT_SUFFIXES.values() if setting.items() <= settings.items()]
+    return ", ".join([dtype, *labels])
 
 
 def runner_parser(

@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/run.py --quick             # 3 clips, one concurrency: a smoke test whose
                                                            # outputs go to benchmarks/out/quick/ only
     .venv/bin/python benchmarks/run.py --systems offline,http      # a subset (others' raw outputs are reused)
+    .venv/bin/python benchmarks/run.py --systems http --report-dir /tmp/r   # its report elsewhere
     .venv/bin/python benchmarks/run.py --report-only       # redo the tables/plot from benchmarks/out/*.json
 
 Systems (each a subprocess in its own venv under benchmarks/.venvs/, created on first use):
@@ -496,26 +497,17 @@ def write_longform(out: Path, align_truth: dict) -> tuple[list[dict], dict]:
     return rows, raws
 
 
-# Sections of RESULTS.md that other scripts write (batch_overhead.py, streaming_bench.py,
-# real_speech_bench.py, no_speech.py, confidence.py) or that record runs of the boundary scripts
-# (boundary_replay.py, boundaries.py): kept as they are when this report is written again.
-KEPT_SECTIONS = (
-    "## Corpus job on Ray",
-    "## Word boundaries on real speech",
-    "## Word boundaries after the falls and quiet tails",
-    "## No speech",
-    "## Alignment confidence",
-    "## Live word timestamps (/v1/realtime)",
-)
-
-
-def kept_sections(path: Path) -> str:
+def kept_sections(path: Path, generated: str) -> str:
+    """Every ``## `` section of the report at ``path`` that ``generated`` does not write again, in its
+    order: the sections other scripts write (streaming_bench.py, clip_lengths.py, real_speech_bench.py...)
+    and those recording runs by hand stay as they are."""
     if not path.exists():
         return ""
+    written = {line.rstrip() for line in generated.splitlines() if line.startswith("## ")}
     kept, keeping = [], False
     for line in path.read_text().splitlines(keepends=True):
         if line.startswith("## "):
-            keeping = line.rstrip() in KEPT_SECTIONS
+            keeping = line.rstrip() not in written
         if keeping:
             kept.append(line)
     return ("\n" + "".join(kept)) if kept else ""
@@ -565,8 +557,8 @@ def write_report(
     (report_dir / "results.json").write_text(json.dumps(result, indent=1))
     (out / "errors.json").write_text(json.dumps(errors))
     plot_ok = make_plot(report_dir / "results.json", out / "errors.json", report_dir / "throughput.png")
-    kept = kept_sections(report_dir / "RESULTS.md")
-    (report_dir / "RESULTS.md").write_text(results_markdown(result, plot_ok, quick) + kept)
+    generated = results_markdown(result, plot_ok, quick)
+    (report_dir / "RESULTS.md").write_text(generated + kept_sections(report_dir / "RESULTS.md", generated))
     log(
         f"report: {report_dir / 'results.json'}, {report_dir / 'RESULTS.md'}"
         + (f", {report_dir / 'throughput.png'}" if plot_ok else " (no plot)")
@@ -1111,6 +1103,14 @@ def main() -> int:
     parser.add_argument(
         "--report-only", action="store_true", help="only rebuild results from the raw outputs"
     )
+    parser.add_argument(
+        "--report-dir",
+        type=Path,
+        default=None,
+        help="write results.json, RESULTS.md and the plot here instead of benchmarks/ (--quick: "
+        "benchmarks/out/quick/): a subset run whose other systems have no raw outputs would otherwise "
+        "drop their rows from RESULTS.md's tables",
+    )
     args = parser.parse_args()
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -1119,7 +1119,7 @@ def main() -> int:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {ALL_SYSTEMS}")
     out = HERE / "out" / ("quick" if args.quick else "")
     out = out.resolve()
-    report_dir = out if args.quick else HERE
+    report_dir = args.report_dir or (out if args.quick else HERE)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
         [
