@@ -170,6 +170,15 @@ def realtime_url(server: str) -> str:
     return server.replace("http://", "ws://") + "/v1/realtime"
 
 
+async def send_recording(socket, samples: np.ndarray, started: float, speed: float) -> None:
+    """``samples`` sent on ``socket`` from ``started`` at ``speed`` times real time, then ``final``."""
+    for index, chunk in enumerate(pcm16_chunks(samples)):
+        due = started + index * CHUNK_S / speed
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+        await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+    await socket.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+
+
 async def stream_live(server: str, samples: np.ndarray, speed: float = 1.0) -> dict:
     """``samples`` sent at ``speed`` times real time; every event the server sends until
     ``transcription.done``, each with the stream time it arrived at."""
@@ -179,15 +188,7 @@ async def stream_live(server: str, samples: np.ndarray, speed: float = 1.0) -> d
         assert created["type"] == "session.created", created
         await socket.send(json.dumps({"type": "session.update", "model": "whisper-tiny.en"}))
         started = time.monotonic()
-
-        async def send_audio() -> None:
-            for index, chunk in enumerate(pcm16_chunks(samples)):
-                due = started + index * CHUNK_S / speed
-                await asyncio.sleep(max(0.0, due - time.monotonic()))
-                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
-            await socket.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
-
-        sender = asyncio.create_task(send_audio())
+        sender = asyncio.create_task(send_recording(socket, samples, started, speed))
         while True:
             event = json.loads(await asyncio.wait_for(socket.recv(), timeout=120))
             received.append(((time.monotonic() - started) * speed, event))
@@ -456,6 +457,45 @@ def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
         "model_not_found",
         "invalid_event",
     ]
+
+
+def test_realtime_unreadable_messages_and_mistyped_fields_are_error_events_and_the_stream_goes_on(server):
+    """A binary frame, JSON nested too deep to read, a `language` or `prompt` that is not a string and a
+    `final` that is not a boolean: each an error event naming what is wrong (they raised out of the
+    session, which dropped the connection without a close frame, or were taken: `"final": "no"` ended
+    the audio, a prompt of {} failed every decode); the same connection then streams a recording and
+    gets its words."""
+    clip = sentence_clips()[0]
+    sent = [
+        b"\x00\x01",
+        "[" * 100_000 + "]" * 100_000,
+        json.dumps({"type": "session.update", "language": 5}),
+        json.dumps({"type": "session.update", "prompt": {"a": 1}}),
+        json.dumps({"type": "input_audio_buffer.commit", "final": "no"}),
+    ]
+
+    async def mistakes_then_audio() -> tuple[list[dict], list[dict]]:
+        async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
+            await recv(socket)
+            answers = []
+            for message in sent:
+                await socket.send(message)
+                answers.append(json.loads(await recv(socket)))
+            sender = asyncio.create_task(send_recording(socket, clip.samples, time.monotonic(), 4.0))
+            events = [json.loads(await recv(socket, timeout=120))]
+            while events[-1]["type"] not in ("transcription.done", "error"):
+                events.append(json.loads(await recv(socket, timeout=120)))
+            await sender
+            return answers, events
+
+    answers, events = asyncio.run(mistakes_then_audio())
+    assert [a["type"] for a in answers] == ["error"] * len(sent), answers
+    assert [a["code"] for a in answers] == ["invalid_json"] * 2 + ["invalid_request"] * 3, answers
+    assert "binary" in answers[0]["error"] and "deep" in answers[1]["error"], answers
+    for answer, field in zip(answers[2:], ("language", "prompt", "final"), strict=True):
+        assert f"`{field}`" in answer["error"], answer
+    assert events[-1]["type"] == "transcription.done", events[-3:]
+    assert "mat" in plain_words(events[-1]["words"]), events[-1]
 
 
 # ---------------------------------------------------------------------------- the CLI door

@@ -43,7 +43,7 @@ from vllm.utils import random_uuid
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.log import get_logger
-from vllm_whisper_align.options import TRANSCRIPTION_OPTIONS, TranscriptionOptions, echo
+from vllm_whisper_align.options import TRANSCRIPTION_OPTIONS, Option, TranscriptionOptions, echo
 from vllm_whisper_align.runners.live import Confirmed, Failed, Finished, LiveEvent, LiveStream, TooManyStreams
 from vllm_whisper_align.server.errors import RequestError, http_error
 from vllm_whisper_align.server.limits import MAX_LIVE_STREAMS_ENV
@@ -53,9 +53,19 @@ logger = get_logger(__name__)
 
 router = APIRouter()
 
-# session.update's fields beyond ``type`` and ``model``; and the transcription options by name.
-SESSION_FIELDS = ("language", "prompt")
+# session.update's fields beyond ``type`` and ``model``; and the transcription options by name. The
+# first are JSON strings (null: none), checked as options are: a form field is always text, a JSON value
+# may be anything, and a number or an object taken here failed every decode after it.
+SESSION_FIELDS = {
+    option.name: option
+    for option in (
+        Option("language", str, None, "the language spoken (none: detected)"),
+        Option("prompt", str, None, "text the decodes are prompted with"),
+    )
+}
 OPTIONS = {option.name: option for option in TRANSCRIPTION_OPTIONS}
+# input_audio_buffer.commit's ``final``: a JSON boolean, not a truthy value ("no" ended the audio).
+FINAL = Option("final", bool, False, "the audio has ended")
 # WebSocket close codes (RFC 6455; 1013 from IANA's registry): a normal close, and "try again later".
 CLOSE_NORMAL, CLOSE_TRY_AGAIN_LATER = 1000, 1013
 
@@ -111,13 +121,14 @@ class RealtimeSession:
 
     # ---- from the client
 
-    async def _next_message(self) -> str | None:
-        """The client's next message; None once it has sent nothing for ``body_idle_s`` while its stream
-        was at rest (the connection is then closed, after an ``idle_timeout`` error)."""
+    async def _next_message(self) -> str | bytes | None:
+        """The client's next message (bytes: a binary frame); None once it has sent nothing for
+        ``body_idle_s`` while its stream was at rest (the connection is then closed, after an
+        ``idle_timeout`` error)."""
         idle_s = self.state.limits.body_idle_s
         while True:
             try:
-                return await asyncio.wait_for(self.websocket.receive_text(), idle_s)
+                return await asyncio.wait_for(self._receive(), idle_s)
             except TimeoutError:
                 if self.stream.at_rest:
                     break
@@ -125,11 +136,26 @@ class RealtimeSession:
         await self.websocket.close(CLOSE_NORMAL)
         return None
 
-    async def _handle(self, message: str) -> None:
+    async def _receive(self) -> str | bytes:
+        """The next frame, text or binary: starlette's ``receive_text`` reads a binary frame's text as a
+        KeyError, which closed the connection without a close frame."""
+        message = await self.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message["code"], message.get("reason"))
+        text = message.get("text")
+        return text if text is not None else message.get("bytes") or b""
+
+    async def _handle(self, message: str | bytes) -> None:
+        if isinstance(message, bytes):
+            await _send(self.websocket, _error("a binary frame: the events are JSON text", "invalid_json"))
+            return
         try:
             event = json.loads(message)
         except json.JSONDecodeError:
             await _send(self.websocket, _error("the message is not JSON", "invalid_json"))
+            return
+        except RecursionError:  # lists or objects nested thousands deep
+            await _send(self.websocket, _error("the message is JSON nested too deep", "invalid_json"))
             return
         kind = event.get("type") if isinstance(event, dict) else None
         handlers = {
@@ -157,12 +183,14 @@ class RealtimeSession:
             self.state.check_model(event.get("model"))
         except RequestError as error:
             raise RealtimeError(error.message, "model_not_found") from None
-        language = event.get("language", self.stream.language)
+        # Every field is checked before any is set: a mistake leaves the session as it was.
+        given = {name: SESSION_FIELDS[name].check(event[name]) for name in SESSION_FIELDS if name in event}
+        language = given.get("language", self.stream.language)
         self.state.service.tokens.check_language(language or None)
         values = {name: OPTIONS[name].parse(str(value)) for name, value in event.items() if name in OPTIONS}
         options = TranscriptionOptions.from_checked(values) if values else self.stream.options
         self.stream.language = language or None
-        self.stream.prompt = event.get("prompt", self.stream.prompt) or None
+        self.stream.prompt = given.get("prompt", self.stream.prompt) or None
         self.stream.options = options
 
     def _append(self, event: dict) -> None:
@@ -189,7 +217,7 @@ class RealtimeSession:
         self.state.live.append(self.stream, samples)
 
     def _commit(self, event: dict) -> None:
-        if event.get("final"):
+        if FINAL.check(event.get("final", False)):
             self.state.live.end(self.stream)
 
     # ---- to the client
