@@ -21,6 +21,7 @@ from vllm_whisper_align.audio.decode import (
     SPILL_AFTER_WINDOWS,
     AudioError,
     AudioTooLongError,
+    DecodeGaveUp,
     DecodeStopped,
     SpilledSamples,
     decode_audio,
@@ -634,3 +635,81 @@ def test_stated_seconds_reads_the_header_only(tmp_path):
     write_wav(path, clip.samples)
     assert stated_seconds(path.read_bytes()) == pytest.approx(len(clip.samples) / SAMPLE_RATE)
     assert stated_seconds(b"not audio at all") is None
+
+
+# --- decoding lanes (server.uploads.Decoders) ------------------------------------------------
+
+
+def lying_flac(path, seconds: float, stated: float, sample_rate: int = 48000) -> bytes:
+    """``seconds`` of silence in a FLAC whose header states ``stated``."""
+    write_silent_flac(path, seconds, sample_rate)
+    state_total_samples(path, int(stated * sample_rate))
+    return path.read_bytes()
+
+
+def decode_in_lanes(monkeypatch, data: bytes, max_seconds: float) -> tuple[object, list[tuple[str, str]]]:
+    """What ``Decoders.decode`` answers for ``data``, and each decode_audio it ran: (thread, outcome)."""
+    import asyncio
+
+    from vllm_whisper_align.server import uploads
+
+    runs = []
+
+    def recorded(*args, **kwargs):
+        thread = threading.current_thread().name.split("_")[0]
+        try:
+            samples = decode_audio(*args, **kwargs)
+        except Exception as error:
+            runs.append((thread, type(error).__name__))
+            raise
+        runs.append((thread, "decoded"))
+        return samples
+
+    monkeypatch.setattr(uploads, "decode_audio", recorded)
+    decoders = uploads.Decoders()
+    try:
+        return asyncio.run(decoders.decode(data, max_seconds)), runs
+    except Exception as error:
+        return error, runs
+    finally:
+        decoders.quick.shutdown()
+        decoders.slow.shutdown()
+
+
+def test_a_header_that_understates_the_length_costs_the_quick_lane_a_quick_decode(tmp_path, monkeypatch):
+    """A file whose header states a quick-lane length is given up in the quick lane once it decodes past
+    the lane's bound, and decoded again in the slow lane, to the answer it always had (before, 59 min
+    stated as 10 s took 1.5 s of a quick-lane thread each, and 32 such uploads starved the clips)."""
+    from vllm_whisper_align.server.uploads import QUICK_LANE_SECONDS
+
+    honest = lying_flac(tmp_path / "honest.flac", 5, stated=5)
+    samples, runs = decode_in_lanes(monkeypatch, honest, max_seconds=3600)
+    assert len(samples) == 5 * SAMPLE_RATE and runs == [("decode-quick", "decoded")]  # once, as ever
+
+    liar = lying_flac(tmp_path / "liar.flac", 2 * QUICK_LANE_SECONDS, stated=10)
+    samples, runs = decode_in_lanes(monkeypatch, liar, max_seconds=3600)
+    assert len(samples) == 2 * QUICK_LANE_SECONDS * SAMPLE_RATE
+    assert runs == [("decode-quick", "DecodeGaveUp"), ("decode-slow", "decoded")]
+
+    # Refused by the duration limit as before: in the slow lane past the quick lane's bound, else at once.
+    refused, runs = decode_in_lanes(monkeypatch, liar, max_seconds=1.5 * QUICK_LANE_SECONDS)
+    assert isinstance(refused, AudioTooLongError) and refused.max_seconds == 1.5 * QUICK_LANE_SECONDS
+    assert runs == [("decode-quick", "DecodeGaveUp"), ("decode-slow", "AudioTooLongError")]
+    refused, runs = decode_in_lanes(monkeypatch, liar, max_seconds=60)
+    assert isinstance(refused, AudioTooLongError) and runs == [("decode-quick", "AudioTooLongError")]
+
+
+def test_giving_up_leaves_the_duration_limit_and_the_work_bound_as_they_are(tmp_path):
+    liar = lying_flac(tmp_path / "liar.flac", 60, stated=10)  # 48 kHz: FFmpeg reads past the header
+    with pytest.raises(DecodeGaveUp):
+        decode_audio(liar, max_seconds=3600, give_up_seconds=30)
+    with pytest.raises(AudioTooLongError):  # past both: the caller's limit answers
+        decode_audio(liar, max_seconds=20, give_up_seconds=30)
+    assert len(decode_audio(liar, max_seconds=3600, give_up_seconds=60)) == 60 * SAMPLE_RATE
+    # 100 s of 8 channels in a few KB: under the work bound of a one-hour limit, not of a 120 s one
+    many_channels = tmp_path / "many.flac"
+    write_constant_flac(many_channels, 100, 48000, 8)
+    with pytest.raises(AudioError, match="samples per byte"):
+        decode_audio(many_channels, max_seconds=120)
+    samples = decode_audio(many_channels, max_seconds=3600, give_up_seconds=120)
+    assert len(samples) == len(decode_audio(many_channels, max_seconds=3600)) > 99 * SAMPLE_RATE

@@ -61,6 +61,12 @@ class DecodeStopped(Exception):
     """Decoding was stopped by its caller (``decode_audio``'s ``stop``): nobody waits for it any more."""
 
 
+class DecodeGaveUp(Exception):
+    """Decoding passed the caller's ``give_up_seconds`` (``decode_audio``): the audio is longer than the
+    caller meant to decode there (its header understated it), and is to be decoded again without that bound.
+    Not an AudioError: it says nothing about the input that a client should hear."""
+
+
 class AudioTooLongError(AudioError):
     """Audio longer than the caller's ``max_seconds``.
 
@@ -81,6 +87,7 @@ def decode_audio(
     max_seconds: float | None = None,
     spill: bool = False,
     stop: threading.Event | None = None,
+    give_up_seconds: float | None = None,
 ) -> np.ndarray | SpilledSamples:
     """Decode a file path, encoded bytes or binary stream to float32 mono samples in [-1, 1].
 
@@ -92,13 +99,16 @@ def decode_audio(
     With ``spill``, audio longer than SPILL_AFTER_WINDOWS windows comes back as SpilledSamples:
     written to a temporary file as it is decoded, never whole in memory. A file that decodes to more than
     MAX_VALUES_PER_BYTE values per byte raises AudioError. Once ``stop`` is set, decoding raises
-    DecodeStopped at its next block.
+    DecodeStopped at its next block. Past ``give_up_seconds`` of decoded audio (a bound of the caller's
+    own, on where it decodes: the server's quick lane), decoding raises DecodeGaveUp; unlike
+    ``max_seconds``, it leaves the header check and the work bound as they are, so that decoding again
+    without it gives the answer decoding once would have.
     """
     if sample_rate <= 0:
         raise ValueError(f"sample_rate must be positive, got {sample_rate}")
     if max_seconds is not None and max_seconds <= 0:
         raise ValueError(f"max_seconds must be positive, got {max_seconds}")
-    bound = _Bound(max_seconds, sample_rate)
+    bound = _Bound(max_seconds, sample_rate, give_up_seconds)
     spill_after = SPILL_AFTER_WINDOWS * CHUNK_SECONDS * sample_rate if spill else None
     name, opened = _open_source(source)
     work = _Work(name, _max_work(_size_of(opened), max_seconds), stop)
@@ -197,10 +207,12 @@ class SpilledSamples:
 
 @dataclass(frozen=True)
 class _Bound:
-    """The caller's duration limit, checked against headers and against samples decoded so far."""
+    """The caller's duration limit, checked against headers and against samples decoded so far, and the
+    length past which the caller gives a decode up."""
 
     max_seconds: float | None
     sample_rate: int
+    give_up_seconds: float | None = None
 
     def check_header(self, seconds: float | None) -> None:
         if self.max_seconds is not None and seconds is not None and seconds > self.max_seconds:
@@ -208,7 +220,9 @@ class _Bound:
 
     def check_decoded(self, num_samples: int) -> None:
         if self.max_seconds is not None and num_samples > self.max_seconds * self.sample_rate:
-            raise AudioTooLongError(self.max_seconds)
+            raise AudioTooLongError(self.max_seconds)  # first: past both, the caller's limit answers
+        if self.give_up_seconds is not None and num_samples > self.give_up_seconds * self.sample_rate:
+            raise DecodeGaveUp()
 
 
 class _Decoded:
@@ -300,7 +314,7 @@ def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Deco
             if audio.samplerate != sample_rate:
                 return None
             return _read_mono(audio, decoded)
-    except (AudioError, DecodeStopped):
+    except (AudioError, DecodeStopped, DecodeGaveUp):
         raise
     except Exception:  # anything libsndfile rejects may still be FFmpeg-readable
         return None
@@ -345,7 +359,7 @@ def _decode_with_pyav(opened, name: str, sample_rate: int, decoded: _Decoded) ->
                 )
             decoded.bound.check_header(_stated_seconds(container, stream))
             return _decode_stream(container, stream, name, sample_rate, decoded)
-    except (AudioError, DecodeStopped):
+    except (AudioError, DecodeStopped, DecodeGaveUp):
         raise
     except Exception as error:  # FFmpeg reports junk input through many exception types
         raise AudioError(f"could not decode {name} as audio: {_describe(error)}") from error

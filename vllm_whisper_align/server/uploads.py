@@ -6,7 +6,8 @@ its chunks (a client that stalls mid-upload holds nothing for long). Decoding ru
 apart from the event loop's default pool in which requests are finished: a file whose header states a
 short length takes the quick lane; anything else (a long recording, a file that states no length, as a
 decompression bomb does) the slow lane, where such files wait for each other rather than for the clips.
-A decode whose client has gone away stops at its next block.
+A file whose header understates its length is given up in the quick lane once it decodes past the lane's
+bound, and decoded again in the slow lane. A decode whose client has gone away stops at its next block.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from vllm_whisper_align.audio.decode import decode_audio, stated_seconds
+from vllm_whisper_align.audio.decode import DecodeGaveUp, decode_audio, stated_seconds
 from vllm_whisper_align.server.errors import RequestError
 from vllm_whisper_align.server.limits import ServerLimits
 
@@ -28,6 +29,12 @@ from vllm_whisper_align.server.limits import ServerLimits
 FORM_FIELDS_BYTES = 2**20
 # Files whose header states at most this length are decoded in the quick lane.
 QUICK_LANE_SECONDS = 120.0
+# The quick lane gives a decode up this far past QUICK_LANE_SECONDS, whatever the header stated: the lane's
+# own bound, not the header's length plus a margin, since stated lengths may be estimates (FFmpeg's, from
+# the bit rate, for an mp3 with no Xing header) that honest files overrun, and a decode given up is done
+# twice; so a lying header costs the quick lane no more than the longest honest clip it takes. The margin
+# is for codecs that decode a little past the length they state (mp3's and AAC's padding frames).
+QUICK_LANE_OVERRUN_SECONDS = 1.0
 QUICK_LANE_THREADS, SLOW_LANE_THREADS = 2, 1
 
 
@@ -93,15 +100,23 @@ class Decoders:
         self.slow = ThreadPoolExecutor(SLOW_LANE_THREADS, thread_name_prefix="decode-slow")
 
     async def decode(self, data: bytes, max_seconds: float):
-        """``data`` decoded (``audio.decode.decode_audio``, spilled when long) in its lane; stopped when
-        the awaiting request is cancelled (its client went away)."""
+        """``data`` decoded (``audio.decode.decode_audio``, spilled when long) in its lane, a file that
+        outgrows the quick lane again in the slow one; stopped when the awaiting request is cancelled (its
+        client went away)."""
         loop = asyncio.get_running_loop()
         seconds = await loop.run_in_executor(self.quick, stated_seconds, data)  # a header probe: quick
-        lane = self.quick if seconds is not None and seconds <= QUICK_LANE_SECONDS else self.slow
         stop = threading.Event()
         decode = functools.partial(decode_audio, data, max_seconds=max_seconds, spill=True, stop=stop)
         try:
-            return await loop.run_in_executor(lane, decode)
+            if seconds is not None and seconds <= QUICK_LANE_SECONDS:
+                quick = functools.partial(
+                    decode, give_up_seconds=QUICK_LANE_SECONDS + QUICK_LANE_OVERRUN_SECONDS
+                )
+                try:
+                    return await loop.run_in_executor(self.quick, quick)
+                except DecodeGaveUp:
+                    pass  # its header understated it: a long file, decoded again with the long files
+            return await loop.run_in_executor(self.slow, decode)
         except asyncio.CancelledError:
             stop.set()
             raise
