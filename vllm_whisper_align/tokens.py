@@ -42,6 +42,9 @@ class WhisperTokens:
     language_ids: dict[str, int] = field(default_factory=dict)
     vocab_size: int = 0
     english_only_start: tuple[int, ...] = ()
+    # The most characters one token stands for (None: unknown): bounds how many tokens a text has
+    # before it is tokenized, which takes seconds for a megabyte.
+    max_token_chars: int | None = None
     decode_ids: Callable[[list[int]], str] | None = field(default=None, compare=False, repr=False)
     encode_text: Callable[[str], list[int]] | None = field(default=None, compare=False, repr=False)
 
@@ -83,12 +86,29 @@ class WhisperTokens:
             language_ids=languages,
             vocab_size=vocab_size,
             english_only_start=tuple(vocab[token] for token in ENGLISH_ONLY_START),
+            # A byte-level BPE token's vocabulary entry holds one symbol per byte: no fewer than its
+            # characters.
+            max_token_chars=max(map(len, vocab)),
             decode_ids=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             # User text is plain text: "<|endoftext|>" in it is spelled out, never a control token.
             encode_text=lambda text: tokenizer.encode(
                 text, add_special_tokens=False, split_special_tokens=True
             ),
         )
+
+    def surely_longer(self, text: str, count: int) -> bool:
+        """Whether ``text`` is more than ``count`` tokens, known from its length alone."""
+        return self.max_token_chars is not None and len(text) > count * self.max_token_chars
+
+    def tail(self, text: str, count: int) -> str:
+        """The end of ``text`` that holds its last ``count`` tokens, without tokenizing the rest: cut
+        where a word begins (a space before a letter, where the tokenizer starts a piece anyway), so
+        that the tail's tokens are the text's."""
+        if not self.surely_longer(text, 2 * count):
+            return text
+        tail = text[-2 * count * (self.max_token_chars or 0) :]
+        begins = next((i for i in range(len(tail) - 1) if tail[i] == " " and not tail[i + 1].isspace()), 0)
+        return tail[begins:]
 
     def check_language(self, language: str | None, task: str = "transcribe") -> None:
         """An InputError naming this model's languages when it cannot ``task`` ``language`` (``param``:
@@ -121,8 +141,10 @@ class WhisperTokens:
         return [self.sot, self.language_ids[language], task_id, self.no_timestamps]
 
     def alignment_room(self, language: str | None) -> int:
-        """Text tokens that fit in a teacher-forced sequence (``alignment_prompt``) in the decoder."""
-        return MAX_DECODER_TOKENS - len(self.transcription_prompt(language)) - 1
+        """Text tokens that fit in a teacher-forced sequence (``alignment_prompt``) in the decoder: the
+        start tokens, the text and eot, and the one token vLLM generates after a prompt (it refuses a
+        prompt that fills the context)."""
+        return MAX_DECODER_TOKENS - len(self.transcription_prompt(language)) - 2
 
     def alignment_prompt(self, language: str | None, text_tokens: list[int]) -> list[int]:
         """The reference's teacher-forced sequence: [sot…, no_timestamps, text…, eot]."""

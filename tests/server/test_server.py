@@ -314,6 +314,33 @@ def test_forced_alignment_endpoint(server):
     assert [w["start"] for w in by_tokens["words"]] == [w["start"] for w in body["words"]]
 
 
+def test_a_text_that_fills_the_decoder_context_is_aligned_and_one_token_more_is_a_400(server, model_dir):
+    """The decoder holds 448 tokens: the start tokens, the text, eot and the one token vLLM generates.
+    A text one token longer is the plugin's own 400, streamed or not (vLLM's own refusal of a full
+    context came back as its internal message, and after the stream's 200 as a 500 event)."""
+    from transformers import AutoTokenizer
+
+    from vllm_whisper_align.tokens import WhisperTokens
+
+    tokens = WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), 51864)
+    clip = sentence_clips()[2]
+    room = 448 - len(tokens.transcription_prompt("en")) - 2
+    the = tokens.encode(" the")
+    for count, streamed in ((room, False), (room + 1, False), (room + 1, True)):
+        response = httpx.post(
+            f"{server}/v1/audio/alignments",
+            files={"file": ("c.wav", wav_bytes(clip), "audio/wav")},
+            data={"tokens": json.dumps(the * count)}
+            | ({"stream": "true", "response_format": "verbose_json"} if streamed else {}),
+            timeout=600,
+        )
+        if count == room:
+            assert response.status_code == 200, response.text
+            assert len(response.json()["words"]) == count
+        else:
+            assert_openai_error(response, f"text is {count} tokens; at most {room} fit")
+
+
 def test_forced_alignment_over_one_window(server):
     """A 65 s upload with its text: every word back in order, aligned, at absolute times; srt too."""
     clip = long_clip(65.0)

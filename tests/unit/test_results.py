@@ -1,5 +1,7 @@
 """Planning windows and turning answers into results without an engine: windows too short to align."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from transformers import AutoConfig, AutoTokenizer
@@ -97,3 +99,40 @@ def test_an_instantaneous_transcribed_segment_is_dropped_as_the_reference_does(t
     rows = window.alignment.rows_sent(len(tokens.encode(TEXT)))
     result = answered(plan, tokens, cross_qk=np.full((1, rows, 6), np.nan, dtype=np.float32))
     assert result["words"] == [] and result["segments"] == [] and result["text"] == ""
+
+
+def counting(tokens: WhisperTokens) -> tuple[WhisperTokens, list[int]]:
+    """``tokens``, with the length of every text it tokenizes recorded."""
+    lengths: list[int] = []
+    encode = tokens.encode_text
+    assert encode is not None
+
+    def recorded(text: str) -> list[int]:
+        lengths.append(len(text))
+        return encode(text)
+
+    return replace(tokens, encode_text=recorded), lengths
+
+
+def test_a_long_prompt_is_tokenized_from_its_tail_the_last_tokens_unchanged(tokens):
+    """openai-whisper keeps a prompt's last 223 tokens: a megabyte of prompt used to be tokenized
+    whole for every window (seconds on the event loop), where the tail that holds them is enough."""
+    words = ["Hello", "there,", "general", "Kenobi.", "  You", "are", "a", "bold", "one!"]
+    prompt = " ".join(words[k % len(words)] for k in range(60_000))
+    counted, lengths = counting(tokens)
+    kept = decoding.previous_text_tokens(prompt, counted)
+    assert kept == [tokens.start_of_prev, *tokens.encode(" " + prompt)[-223:]]
+    assert max(lengths) < len(prompt) / 4
+
+
+def test_an_alignment_text_longer_than_the_decoder_holds_is_refused_before_it_is_tokenized(tokens):
+    counted, lengths = counting(tokens)
+    audio = noise(5 * SAMPLE_RATE)
+    room = tokens.alignment_room(None)  # 448 - the start tokens - eot - one token generated
+    assert room == 448 - len(tokens.transcription_prompt(None)) - 2
+    with pytest.raises(AlignmentInputError, match=f"characters, more than the {room} tokens"):
+        decoding.plan_alignment(audio, counted, text="the " * 100_000)
+    assert lengths == []
+    with pytest.raises(AlignmentInputError, match=f"text is {room + 1} tokens; at most {room} fit"):
+        decoding.plan_alignment(audio, counted, text="the " * (room + 1))
+    assert len(decoding.plan_alignment(audio, counted, text="the " * room).windows[0].forced_tokens) == room

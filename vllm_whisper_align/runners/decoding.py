@@ -191,7 +191,8 @@ def previous_text_tokens(prompt: str | None, tokens: WhisperTokens) -> list[int]
     """``<|startofprev|>`` + the prompt's last tokens, as openai-whisper's initial_prompt (223 tokens)."""
     if not prompt:
         return []
-    return [tokens.start_of_prev, *tokens.encode(" " + prompt.strip())[-(MAX_DECODER_TOKENS // 2 - 1) :]]
+    kept = MAX_DECODER_TOKENS // 2 - 1
+    return [tokens.start_of_prev, *tokens.encode(" " + tokens.tail(prompt.strip(), kept))[-kept:]]
 
 
 def text_token_cap(options: dict[str, Any] | None, num_samples: int, num_prompt_tokens: int) -> int:
@@ -533,7 +534,11 @@ def dropped_keys(
     ]
 
 
-def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens) -> list[int]:
+def text_to_tokens(
+    text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens, room: int | None = None
+) -> list[int]:
+    """The given text's tokens (or the given ids, checked). ``room``: the most tokens that can be
+    aligned; a text surely longer is refused before it is tokenized (a megabyte takes seconds)."""
     if token_ids is not None:
         ids = [int(t) for t in token_ids]
         if not ids:  # as an empty text is: nothing to align is a mistake, not an empty answer
@@ -547,7 +552,14 @@ def text_to_tokens(text: str | None, token_ids: Sequence[int] | None, tokens: Wh
     if text is None or not text.strip():
         raise AlignmentInputError("give the text to align (text or tokens)", "text")
     # A leading space: Whisper's text always starts with a space-prefixed token.
-    return tokens.encode(" " + text.strip())
+    text = " " + text.strip()
+    if room is not None and tokens.surely_longer(text, room):
+        raise AlignmentInputError(
+            f"text is {len(text) - 1} characters, more than the {room} tokens that fit in Whisper's "
+            f"{MAX_DECODER_TOKENS}-token decoder context",
+            "text",
+        )
+    return tokens.encode(text)
 
 
 def plan_alignment(
@@ -575,10 +587,10 @@ def plan_alignment(
         raise AlignmentInputError(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
-    text_tokens = text_to_tokens(text, token_ids, tokens)
+    room = tokens.alignment_room(language)
+    text_tokens = text_to_tokens(text, token_ids, tokens, None if method.forces_characters else room)
     if method.forces_characters:
         text_tokens = tokens.encode_characters(tokens.decode(text_tokens))
-    room = tokens.alignment_room(language)
     if len(text_tokens) > room:
         unit = "characters" if method.forces_characters else "tokens"
         raise AlignmentInputError(

@@ -298,7 +298,8 @@ def alignment(
         plan = alignment_plan(samples, facts, text, token_ids, language, options)
         return (yield from run_plan(plan, tokens))
     language = language or "en"
-    given = decoding.text_to_tokens(text, token_ids, tokens)
+    # Off the event loop: a long text (a book's chapter) takes a while to tokenize.
+    [given] = yield Compute([lambda: decoding.text_to_tokens(text, token_ids, tokens)])
     steps = alignment_steps(
         audible_windows(samples),
         given,

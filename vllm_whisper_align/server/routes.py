@@ -256,7 +256,9 @@ async def _streamed_alignment(
         return streaming.windows_response(state.service, plan, request_id, ["word", "segment"], forced=True)
     with _given_field(given):  # the text's mistakes are a 400 here, not an error event mid-stream
         state.service.tokens.check_language(forms.text(form, "language") or None)
-        decoding.text_to_tokens(given["text"], given["token_ids"], state.service.tokens)
+        # In a thread, as the alignment itself tokenizes it: a long text takes a while.
+        tokens = state.service.tokens
+        await asyncio.to_thread(decoding.text_to_tokens, given["text"], given["token_ids"], tokens)
     return streaming.whole_response(
         state.service,
         lambda: _aligned(state, samples, form, options, **given),
