@@ -122,6 +122,26 @@ def test_speech_cut_at_an_inputs_end_stays_in_that_input(aligner, clips):
         assert len(p.words) <= len(s.words) + 2, (p.text, s.text)
 
 
+def test_neighbours_that_say_the_same_words_keep_their_own(aligner):
+    """The bundled sample between two harsh copies of itself (clipped to a square wave, 10 s: Whisper
+    reads them as "I'm a big, strong..." and then the sample's words). Split by attention alone, the
+    sample got the copy's last words too, squeezed into its first 0.46 s ("round fox jump over the lazy
+    dog I'm a quick, round fox..."); and the second of two samples around one copy lost its words
+    but "lazy dog" to the copy. Each sample keeps its own words, each said once, in its own time."""
+    from vllm_whisper_align.audio.decode import decode_audio
+    from vllm_whisper_align.checkpoints.bundled import sample_path
+
+    sample = decode_audio(str(sample_path()))
+    copy = np.sign(np.tile(sample, 5)[: 10 * SAMPLE_RATE]).astype(np.float32)
+    for inputs, own in (([copy, sample, copy], [1]), ([sample, copy, sample], [0, 2])):
+        results = aligner.transcribe(inputs)
+        for k in own:
+            words = [w.word.strip(" ,.").lower() for w in results[k].words]
+            assert words.count("fox") == 1 and "lazy" in words and words[-1] == "dog", results[k].text
+            durations = np.array([w.end - w.start for w in results[k].words])
+            assert (durations < 0.02).sum() <= 1, results[k].words
+
+
 def test_forced_alignments_packed_start_where_they_start_alone(aligner, short_clips, engine_requests):
     """Given texts packed in order split exactly: every word comes back, each input's words at the
     times alone gives them (its own block of the attention), and against the truth as near."""

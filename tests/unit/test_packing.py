@@ -157,3 +157,24 @@ def test_punctuation_after_a_word_does_not_split_it():
     scores = np.array([[3.0, 0.0], [4.0, 0.0], [0.0, 3.0], [0.0, 3.0], [0.0, 3.0]])
     groups = [WordTokens([0], 1), WordTokens([1, 2], 1), WordTokens([3], 1)]
     assert token_ranges(scores, groups, 2) == [(0, 3), (3, 4)]
+
+
+def test_words_squeezed_into_no_time_or_speech_left_without_words_are_not_an_inputs_own():
+    """A packed input's words are believed only where its audio holds them: the sample (espeak, a word
+    every 0.4-0.9 s) with its own words, with a neighbour's words squeezed into its first 0.46 s (as
+    DTW places words its audio does not have), and with all but its last two words missing."""
+    from vllm_whisper_align.align.packing import holds_its_own_words
+    from vllm_whisper_align.align.words import Word
+    from vllm_whisper_align.audio.decode import decode_audio
+    from vllm_whisper_align.checkpoints.bundled import sample_path
+
+    sample = decode_audio(str(sample_path()))
+    spans = [(0.5, 0.8), (0.98, 1.4), (1.68, 2.14), (2.56, 3.1), (3.32, 3.88), (4.22, 4.66), (4.84, 5.14)]
+    spans += [(5.44, 5.9), (6.28, 6.7)]
+    said = "The quick brown fox jumps over the lazy dog".split()
+    own = [Word(a, b, f" {w}", 0.9) for w, (a, b) in zip(said, spans, strict=True)]
+    assert holds_its_own_words(own, sample)
+    squeezed = [Word(0.0, 0.46, " round", 0.4), *[Word(0.46, 0.46, f" {w}", 0.8) for w in said[3:]]]
+    assert not holds_its_own_words(squeezed + own, sample)
+    assert not holds_its_own_words(own[-2:], sample)
+    assert holds_its_own_words(own[1:], sample)  # the first word missing: cut off, not taken

@@ -9,7 +9,9 @@ boundaries moved, on its own audio exactly as an input run alone is.
 
 An input whose words cannot be told apart from its neighbours' gets no part (None), and runs again
 alone: one with no words (its speech went unheard, or the decode stopped early), and one with a word
-whose tokens look at two inputs (Whisper ran a word across the gap).
+whose tokens look at two inputs (Whisper ran a word across the gap). Once timed, an input's words are
+checked against its own audio (:func:`holds_its_own_words`): where neighbours say the same words, the
+split can give an input words read from a neighbour, or its own words to a neighbour.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from vllm_whisper_align.align.results import (
     captured_qk,
     window_matrix,
 )
-from vllm_whisper_align.align.words import split_to_word_tokens
+from vllm_whisper_align.align.words import Word, split_to_word_tokens
+from vllm_whisper_align.audio.features import SPEECH_FRAME_SECONDS, speech_frames
 from vllm_whisper_align.audio.packing import Packed
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import num_mel_frames
@@ -189,3 +192,39 @@ def split_window(
     kept = [part for part in parts if part is not None]
     times = iter(timing.jump_times_batch([matrix for _, matrix in kept]))
     return [None if part is None else TimedWindow(part[0], next(times), None, part[1]) for part in parts]
+
+
+# ---------------------------------------------------------------------------- its own words?
+
+# Words that DTW squeezes into no time are words the audio does not hold: no one says this many words in
+# a row in this little time (a syllable takes about 0.1 s). openai-whisper's word anomaly score (short,
+# long or improbable words) was tried first: it also flagged a third of the packed 8 s clips of fast
+# continuous speech, whose short words are short.
+SQUEEZED_WORDS = 3
+SQUEEZED_S = 0.1
+# Speech of an input that none of its words covers for this long went unheard there, or to a neighbour:
+# longer than the cut-off words at a clip's edges, or a phrase Whisper skips now and then.
+MAX_UNHEARD_SPEECH_S = 2.0
+
+
+def holds_its_own_words(words: Sequence[Word], samples: np.ndarray) -> bool:
+    """Whether a packed input's timed words read as its own audio: none squeezed into no time (a
+    neighbour's words given to it), and no long stretch of its speech without a word (its words given to
+    a neighbour). Where two neighbours say the same words, Whisper reads one's and looks at the other's
+    audio, and the split follows its attention."""
+    spoken = [word for word in words if is_spoken(word.word)]
+    squeezed = any(
+        spoken[k + SQUEEZED_WORDS - 1].end - spoken[k].start < SQUEEZED_S
+        for k in range(len(spoken) - SQUEEZED_WORDS + 1)
+    )
+    return not squeezed and longest_unheard_speech(words, samples) <= MAX_UNHEARD_SPEECH_S
+
+
+def longest_unheard_speech(words: Sequence[Word], samples: np.ndarray) -> float:
+    """The most speech (seconds) in ``samples`` between two words, or before the first or after the
+    last, that no word covers."""
+    speech = speech_frames(samples)
+    edges = [0, *(int(round(t / SPEECH_FRAME_SECONDS)) for word in words for t in (word.start, word.end))]
+    edges.append(len(speech))
+    between = [speech[a:b].sum() for a, b in zip(edges[0::2], edges[1::2], strict=True)]
+    return float(max(between) * SPEECH_FRAME_SECONDS)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_whisper_align.align.packing import split_window
+from vllm_whisper_align.align.packing import holds_its_own_words, split_window
 from vllm_whisper_align.align.results import InOrder, RequestInfo, TimedWindow, Transcript
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.audio.windows import AudioChunk
@@ -182,7 +182,10 @@ def _transcript(
         return ALONE
     in_order = InOrder(tokens, replace(info, duration=len(samples) / SAMPLE_RATE))
     in_order.add(part)
-    return in_order.transcript()
+    transcript = in_order.transcript()
+    if fallback is not None and not holds_its_own_words(transcript.words or [], samples):
+        return None
+    return transcript
 
 
 # ---------------------------------------------------------------------------- forced alignment
@@ -209,7 +212,7 @@ def given_tokens(
 ) -> list[int] | None:
     """The text's tokens as a forced alignment reads them; None where they are not valid."""
     try:
-        return decoding.text_to_tokens(text, token_ids, tokens)
+        return decoding.text_to_tokens(text, token_ids, tokens, tokens.alignment_room(None) // 2)
     except AlignmentInputError:
         return None
 
