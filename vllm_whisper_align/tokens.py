@@ -103,11 +103,16 @@ class WhisperTokens:
     def tail(self, text: str, count: int) -> str:
         """The end of ``text`` that holds its last ``count`` tokens, without tokenizing the rest: cut
         where a word begins (a space before a letter, where the tokenizer starts a piece anyway), so
-        that the tail's tokens are the text's."""
+        that the tail's tokens are the text's, and in the first half of twice the characters ``count``
+        tokens can take, so that what is left still holds them. Without a word start there (a run of
+        characters with no space, as Chinese is written), the tail is cut inside the run: its first
+        tokens differ from the text's, and on a long run of one character its last may too (a prompt,
+        not worth a megabyte's tokenization on the event loop)."""
         if not self.surely_longer(text, 2 * count):
             return text
         tail = text[-2 * count * (self.max_token_chars or 0) :]
-        begins = next((i for i in range(len(tail) - 1) if tail[i] == " " and not tail[i + 1].isspace()), 0)
+        first_half = range(len(tail) // 2)
+        begins = next((i for i in first_half if tail[i] == " " and not tail[i + 1].isspace()), 0)
         return tail[begins:]
 
     def check_language(self, language: str | None, task: str = "transcribe") -> None:

@@ -123,6 +123,11 @@ def test_a_long_prompt_is_tokenized_from_its_tail_the_last_tokens_unchanged(toke
     kept = decoding.previous_text_tokens(prompt, counted)
     assert kept == [tokens.start_of_prev, *tokens.encode(" " + prompt)[-223:]]
     assert max(lengths) < len(prompt) / 4
+    # A long run with no space and a few words after it: the tail is not cut at those words' spaces,
+    # which would leave them alone (3 tokens kept of 223).
+    unspaced = "短" * 70_000 + " hello there"
+    kept = decoding.previous_text_tokens(unspaced, tokens)
+    assert kept == [tokens.start_of_prev, *tokens.encode(" " + unspaced)[-223:]]
 
 
 def test_an_alignment_text_longer_than_the_decoder_holds_is_refused_before_it_is_tokenized(tokens):
