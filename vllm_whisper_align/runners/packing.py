@@ -212,7 +212,7 @@ def given_tokens(
 ) -> list[int] | None:
     """The text's tokens as a forced alignment reads them; None where they are not valid."""
     try:
-        return decoding.text_to_tokens(text, token_ids, tokens, tokens.alignment_room(None) // 2)
+        return decoding.text_to_tokens(text, token_ids, tokens, tokens.alignment_room(None))
     except AlignmentInputError:
         return None
 
