@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
+from vllm_whisper_align.audio.pcm import float_to_pcm16
 from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS
 
@@ -40,8 +41,7 @@ def realtime_url(server: str) -> str:
 
 def pcm16_base64(samples: np.ndarray) -> str:
     """float samples in [-1, 1] as the base64 PCM16 of ``input_audio_buffer.append``."""
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2")
-    return base64.b64encode(pcm.tobytes()).decode("ascii")
+    return base64.b64encode(float_to_pcm16(samples)).decode("ascii")
 
 
 def stream_to_server(
@@ -79,8 +79,8 @@ async def _stream(url: str, chunks: Iterable[np.ndarray], on_word, session: dict
 
 async def _send_audio(socket: Any, chunks: Iterable[np.ndarray]) -> None:
     loop = asyncio.get_running_loop()
-    # Bounded: the server reads a stream only as fast as it decodes it (live.buffer.MAX_WAITING_S), and
-    # a pipe or a file sent at once waits here, in the reader, rather than in this queue.
+    # Bounded: what the socket does not take yet (the server holds a client back only past its longest
+    # audio waiting) waits in the reader, a pipe's or a file's, rather than in this queue.
     arrived: asyncio.Queue[np.ndarray | Exception | None] = asyncio.Queue(maxsize=READ_AHEAD_CHUNKS)
 
     def put(item: np.ndarray | Exception | None) -> None:

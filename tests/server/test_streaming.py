@@ -286,10 +286,10 @@ def live_stats(server: str) -> dict:
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
-    """A client sends more speech than a stream holds waiting, as fast as it can, and leaves while it is
-    decoded (the server not reading its socket then: the stream is full): the stream, its buffered
-    audio and every capture of its decodes are gone (the stats route), the server serves on."""
-    clip = long_clip(live_buffer.MAX_WAITING_S + 20)
+    """A client sends a minute of speech as fast as it can, and leaves while it is decoded (most of it
+    waiting in the stream then): the stream, its buffered audio and every capture of its decodes are
+    gone (the stats route), the server serves on."""
+    clip = long_clip(60)
 
     async def leave_mid_stream() -> dict:
         async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
@@ -320,13 +320,33 @@ def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
     assert "mat" in plain_words([event for _, event in live["words"]])
 
 
+def test_a_client_ahead_of_the_engines_is_read_at_once_and_answers_the_keepalive(server):
+    """A client sends most of the longest audio as fast as it can, then pings: the server has read it
+    all (it waits in the stream, more than a few decodes' worth) and the pong comes back while it is
+    decoded. A server that stopped reading at a few decodes' worth held the pong, as it holds uvicorn's
+    keepalive pong, behind the audio: uvicorn closed such connections (1011) once 20 s late."""
+    clip = long_clip(MAX_AUDIO_S - 20)
+    few_decodes = (live_buffer.MAX_WAITING_S + live_buffer.WINDOW_S) * SAMPLE_RATE
+
+    async def ahead_then_ping() -> dict:
+        async with websockets.connect(realtime_url(server), max_size=2**24) as socket:
+            await recv(socket)
+            for chunk in pcm16_chunks(clip.samples):
+                await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": chunk}))
+            await asyncio.wait_for(await socket.ping(), timeout=120)
+            return await asyncio.to_thread(live_stats, server)
+
+    held = asyncio.run(ahead_then_ping())
+    assert held["live_streams"] == 1 and held["live_buffered_samples"] > few_decodes, (held, few_decodes)
+
+
 def test_a_client_far_ahead_of_real_time_waits_at_the_engines_pace_and_loses_nothing(server):
-    """A client sends more audio than the server takes waiting at once (MAX_AUDIO_S) as fast as it can:
-    it is not refused but held back (the server stops reading its socket while a stream's buffer is
-    full), the audio the server holds for it stays within a few decodes' worth, and every part of the
-    recording is confirmed."""
+    """A client sends more audio than the server takes waiting (MAX_AUDIO_S) as fast as it can: it is not
+    refused but held back (the server stops reading its socket while that much waits in its stream),
+    the audio the server holds for it stays within that and a window, and every part of the recording
+    is confirmed."""
     clip = long_clip(MAX_AUDIO_S + 30)
-    bound = (live_buffer.MAX_WAITING_S + live_buffer.WINDOW_S + 1) * SAMPLE_RATE
+    bound = (MAX_AUDIO_S + CHUNK_S + live_buffer.WINDOW_S + 1) * SAMPLE_RATE
     held: list[int] = []
 
     async def far_ahead() -> list[dict]:
@@ -429,6 +449,8 @@ def test_a_live_stream_that_goes_quiet_is_closed_and_frees_its_place(server):
 
 
 def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
+    too_long = base64.b64encode(bytes(2 * int((MAX_AUDIO_S + 1) * SAMPLE_RATE))).decode()
+
     async def mistakes() -> list[dict]:
         async with websockets.connect(realtime_url(server)) as socket:
             await socket.recv()
@@ -439,6 +461,7 @@ def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
                 json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}),
                 json.dumps({"type": "session.update", "model": "no-such-model"}),
                 json.dumps({"type": "session.update", "temprature": 0.2}),
+                json.dumps({"type": "input_audio_buffer.append", "audio": too_long}),
             ]
             answers = []
             for message in sent:
@@ -447,7 +470,7 @@ def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
             return answers
 
     answers = asyncio.run(mistakes())
-    assert [a["type"] for a in answers] == ["error"] * 6, answers
+    assert [a["type"] for a in answers] == ["error"] * 7, answers
     codes = [a["code"] for a in answers]
     assert codes == [
         "invalid_json",
@@ -456,6 +479,7 @@ def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
         "invalid_audio",
         "model_not_found",
         "invalid_event",
+        "audio_too_long",
     ]
 
 

@@ -184,6 +184,38 @@ def test_the_prompt_is_the_confirmed_text_before_the_buffer():
     assert prompt == "".join(w.word for w in truth if w.end <= offset).strip()
 
 
+def test_audio_waits_as_it_came_and_decodes_take_it_in_order():
+    """PCM16 from a socket waits as PCM16 (half the memory of float32 for a client far ahead); a decode
+    takes in the first MAX_STEP_S of it, whatever the chunks, as float, and the rest waits on."""
+    pcm = (np.arange(int(2.5 * live_buffer.MAX_STEP_S * SAMPLE_RATE)) % 2000 - 1000).astype(np.int16)
+    floats = np.linspace(-0.5, 0.5, SAMPLE_RATE, dtype=np.float32)
+    buffer = RollingBuffer(max_waiting_s=3 * live_buffer.MAX_STEP_S)
+    for chunk in np.array_split(pcm, 7):
+        buffer.append(chunk)
+    buffer.append(floats)
+    assert {chunk.dtype for chunk in buffer.arrived.chunks} == {np.dtype(np.int16), np.dtype(np.float32)}
+    assert buffer.new_seconds == pytest.approx(2.5 * live_buffer.MAX_STEP_S + 1)
+    assert buffer.has_room
+
+    step = int(live_buffer.MAX_STEP_S * SAMPLE_RATE)
+    taken = [buffer.next_decode().samples[-step:] for _ in range(2)]
+    assert taken[0].dtype == np.float32
+    np.testing.assert_array_equal(np.concatenate(taken), pcm[: 2 * step] / 32768.0)
+    assert buffer.new_seconds == pytest.approx(0.5 * live_buffer.MAX_STEP_S + 1)
+    rest = buffer.next_decode().samples[2 * step :]
+    np.testing.assert_array_equal(rest, np.concatenate([pcm[2 * step :] / 32768.0, floats]))
+    assert len(buffer.arrived) == 0 and not buffer.arrived.chunks
+
+
+def test_a_buffer_has_room_while_less_than_its_bound_waits():
+    buffer = RollingBuffer(max_waiting_s=2.0)
+    buffer.append(np.zeros(SAMPLE_RATE, dtype=np.int16))
+    assert buffer.has_room and buffer.following().max_waiting_s == 2.0
+    buffer.append(np.zeros(SAMPLE_RATE, dtype=np.int16))
+    assert not buffer.has_room
+    assert RollingBuffer().max_waiting_s == live_buffer.MAX_WAITING_S
+
+
 def test_the_audio_after_the_end_is_refused():
     buffer = RollingBuffer()
     buffer.end()

@@ -1,3 +1,4 @@
 """Audio in (runs on the API side, knows nothing of vLLM): :mod:`.decode` (any container to 16 kHz
-mono), :mod:`.windows` (≤30 s windows cut in pauses), :mod:`.features` (speech and silence, onsets).
+mono), :mod:`.pcm` (a live stream's raw PCM16), :mod:`.windows` (≤30 s windows cut in pauses),
+:mod:`.features` (speech and silence, onsets).
 """

@@ -15,6 +15,7 @@ latest decode heard them (:meth:`RollingBuffer._make_room`).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from vllm_whisper_align.align.results import SEGMENT_PAUSE_S
 from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
+from vllm_whisper_align.audio.pcm import pcm16_to_float
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
 from vllm_whisper_align.live.agreement import Agreement
 
@@ -32,10 +34,13 @@ from vllm_whisper_align.live.agreement import Agreement
 STEP_S = 0.5
 # The most new audio one decode takes in, for a client sending faster than real time.
 MAX_STEP_S = 5.0
-# The most audio a stream holds that no decode has taken in yet. Past it the source is not read (the
-# server stops reading the client's socket, the CLI its pipe) until decodes have taken some in: a
-# client far ahead of real time, a file sent at once, then waits at the engine's pace, with a few
-# decodes' worth of audio in memory rather than all it sent, and is never refused for sending fast.
+# The most audio a stream holds that no decode has taken in yet, by default. Past it the source is not
+# read (the CLI stops reading its pipe) until decodes have taken some in: a source far ahead of real
+# time, a file sent at once, then waits at the engine's pace, with a few decodes' worth of audio in
+# memory rather than all it sent, and is never refused for sending fast. The server's streams hold up
+# to its longest audio instead (``runners.live.LiveStreams``): a WebSocket's keepalive pong comes in
+# behind the audio the client sent before it, and a socket the server stops reading loses its
+# connection (uvicorn closes it with 1011 once a pong is 20 s late).
 MAX_WAITING_S = 30.0
 # How many chunks a source's reader (a pipe, a file played) may be ahead of what its stream has taken.
 READ_AHEAD_CHUNKS = 16
@@ -86,18 +91,20 @@ class RollingBuffer:
     # Seconds of the stream at audio[0].
     offset: float = 0.0
     # What has come and is not in the buffer yet.
-    arrived: list[np.ndarray] = field(default_factory=list)
+    arrived: Arrived = field(default_factory=lambda: Arrived())
     agreement: Agreement = field(default_factory=Agreement)
     confirmed: list[Word] = field(default_factory=list)
     ended: bool = False
+    # ``has_room`` while less than this has come and waits for a decode.
+    max_waiting_s: float = MAX_WAITING_S
 
     # ---- audio in
 
     def append(self, samples: np.ndarray) -> None:
+        """Samples that have come: float (-1..1), or PCM16 (kept so until a decode takes them in)."""
         if self.ended:
             raise ValueError("the audio has ended")
-        if len(samples):
-            self.arrived.append(np.asarray(samples, dtype=np.float32))
+        self.arrived.put(samples)
 
     def end(self) -> None:
         """No more audio will come: what is left is decoded, and the last decode's words confirmed."""
@@ -105,12 +112,12 @@ class RollingBuffer:
 
     @property
     def new_seconds(self) -> float:
-        return sum(len(a) for a in self.arrived) / SAMPLE_RATE
+        return len(self.arrived) / SAMPLE_RATE
 
     @property
     def has_room(self) -> bool:
-        """More audio may be read in: less than ``MAX_WAITING_S`` waits for a decode to take it."""
-        return self.new_seconds < MAX_WAITING_S
+        """More audio may be read in: less than ``max_waiting_s`` waits for a decode to take it."""
+        return self.new_seconds < self.max_waiting_s
 
     @property
     def seconds(self) -> float:
@@ -167,7 +174,7 @@ class RollingBuffer:
 
     def following(self) -> RollingBuffer:
         """A new buffer for the audio after this one's end, on the same clock."""
-        return RollingBuffer(offset=self.stream_seconds)
+        return RollingBuffer(offset=self.stream_seconds, max_waiting_s=self.max_waiting_s)
 
     # ---- trimming
 
@@ -210,10 +217,7 @@ class RollingBuffer:
         self.agreement.forget_before(self.offset)
 
     def _take_in(self, num_samples: int) -> None:
-        arrived = np.concatenate(self.arrived) if self.arrived else np.zeros(0, dtype=np.float32)
-        self.audio = np.concatenate([self.audio, arrived[:num_samples]])
-        rest = arrived[num_samples:]
-        self.arrived = [rest] if len(rest) else []
+        self.audio = np.concatenate([self.audio, self.arrived.take(num_samples)])
 
     def _prefix(self) -> tuple[Word, ...]:
         """The confirmed words in the buffer but the last PREFIX_REREAD_WORDS, as a decode's prefix;
@@ -227,6 +231,37 @@ class RollingBuffer:
         before = [word.word for word in self.confirmed if word.end <= self.offset]
         text = "".join(before).strip()[-PROMPT_CHARS:]
         return text or None
+
+
+class Arrived:
+    """Audio that has come and no decode has taken in yet: the chunks as they came, first in first out.
+    PCM16 stays PCM16 until taken (half the memory of float32, for a client far ahead of real time),
+    and taking the first seconds costs what they hold, not all that waits."""
+
+    def __init__(self) -> None:
+        self.chunks: deque[np.ndarray] = deque()
+        self.samples = 0
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def put(self, samples: np.ndarray) -> None:
+        if len(samples):
+            self.chunks.append(samples if samples.dtype == np.int16 else samples.astype(np.float32))
+            self.samples += len(samples)
+
+    def take(self, num_samples: int) -> np.ndarray:
+        """The first ``num_samples`` (or all there are), as float32."""
+        taken = []
+        while num_samples > 0 and self.chunks:
+            chunk = self.chunks.popleft()
+            if len(chunk) > num_samples:
+                self.chunks.appendleft(chunk[num_samples:])
+                chunk = chunk[:num_samples]
+            taken.append(pcm16_to_float(chunk) if chunk.dtype == np.int16 else chunk)
+            num_samples -= len(chunk)
+            self.samples -= len(chunk)
+        return np.concatenate(taken) if taken else np.zeros(0, dtype=np.float32)
 
 
 def _shifted(word: Word, seconds: float) -> Word:

@@ -25,9 +25,10 @@ import numpy as np
 
 from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.audio.pcm import pcm16_samples, pcm16_to_float
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
-from vllm_whisper_align.live.buffer import READ_AHEAD_CHUNKS, Decode, RollingBuffer, Update
+from vllm_whisper_align.live.buffer import MAX_WAITING_S, READ_AHEAD_CHUNKS, Decode, RollingBuffer, Update
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import driver
@@ -151,12 +152,18 @@ class LiveStreams:
     """The server's open streams, decoded in rounds on ``service``'s engines: at most ``max_streams`` at
     once, by default as many as the engines decode together (``service.windows_in_flight``), so that a
     round is one engine batch. Past that, each stream's words would come later for every stream open,
-    and the audio they hold (up to ``live.buffer.MAX_WAITING_S`` and a window each) would grow with no
-    bound."""
+    and the audio they hold (up to ``max_waiting_s`` and a window each) would grow with no bound.
 
-    def __init__(self, service: Any, max_streams: int | None = None):
+    A stream's client is read while less than ``max_waiting_s`` of its audio waits for a decode (its
+    ``room``): the server's longest audio, rather than the few decodes' worth an in-process source is
+    held to (``live.buffer.MAX_WAITING_S``). A socket not read is a connection lost: the keepalive
+    pong comes in behind the audio sent before it, and uvicorn closes a connection whose pong is late
+    (1011), so a client within the longest audio ahead of the engines is read at once."""
+
+    def __init__(self, service: Any, max_streams: int | None = None, max_waiting_s: float = MAX_WAITING_S):
         self.service = service
         self.max_streams = max_streams or service.windows_in_flight
+        self.max_waiting_s = max_waiting_s
         self.streams: dict[str, LiveStream] = {}
         self._wake = asyncio.Event()
         self._rounds: asyncio.Task | None = None
@@ -168,7 +175,7 @@ class LiveStreams:
                 f"this server decodes at most {self.max_streams} live streams at once, and as many are "
                 "open; try again later"
             )
-        stream = LiveStream(stream_id, **settings)
+        stream = LiveStream(stream_id, buffer=RollingBuffer(max_waiting_s=self.max_waiting_s), **settings)
         self.streams[stream_id] = stream
         if self._rounds is None or self._rounds.done():
             self._rounds = asyncio.create_task(self._run_rounds())
@@ -350,6 +357,6 @@ def stdin_chunks(pipe: Any, chunk_s: float = CHUNK_S) -> Iterable[np.ndarray]:
         data = rest + data
         whole = len(data) - len(data) % 2
         rest = data[whole:]
-        yield np.frombuffer(data[:whole], dtype="<i2").astype(np.float32) / 32768.0
+        yield pcm16_to_float(pcm16_samples(data[:whole]))
     if rest:
         raise InputError("stdin is not PCM16: an odd number of bytes")

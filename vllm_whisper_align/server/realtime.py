@@ -35,11 +35,11 @@ import json
 import time
 from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect
 from vllm.utils import random_uuid
 
+from vllm_whisper_align.audio.pcm import pcm16_samples
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import InputError
 from vllm_whisper_align.log import get_logger
@@ -103,8 +103,8 @@ class RealtimeSession:
                 self.websocket, {"type": "session.created", "id": self.stream.id, "created": int(time.time())}
             )
             while True:
-                # Not read while the stream's buffer is full: the socket's flow control then holds back
-                # a client ahead of real time, at the engine's pace (live.buffer.MAX_WAITING_S).
+                # Not read while the longest audio waits in the stream (runners.live.LiveStreams): the
+                # socket's flow control then holds back a client that far ahead, at the engine's pace.
                 await self.stream.room.wait()
                 message = await self._next_message()
                 if message is None:
@@ -210,10 +210,10 @@ class RealtimeSession:
                 "audio after `input_audio_buffer.commit` with `final`: wait for transcription.done",
                 "invalid_audio",
             )
-        samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+        samples = pcm16_samples(pcm)  # kept as PCM16 until a decode takes it in
         limit = self.state.limits.max_audio_s
-        if self.stream.buffer.new_seconds + len(samples) / SAMPLE_RATE > limit:
-            raise RealtimeError(f"more than {limit:g} s of audio wait to be decoded", "audio_too_long")
+        if len(samples) / SAMPLE_RATE > limit:  # more waiting is held back (``room``), never refused
+            raise RealtimeError(f"one append of more than {limit:g} s of audio", "audio_too_long")
         self.state.live.append(self.stream, samples)
 
     def _commit(self, event: dict) -> None:
