@@ -141,3 +141,18 @@ def test_an_alignment_text_longer_than_the_decoder_holds_is_refused_before_it_is
     with pytest.raises(AlignmentInputError, match=f"text is {room + 1} tokens; at most {room} fit"):
         decoding.plan_alignment(audio, counted, text="the " * (room + 1))
     assert len(decoding.plan_alignment(audio, counted, text="the " * room).windows[0].forced_tokens) == room
+
+
+def test_a_text_with_more_characters_than_the_decoder_holds_is_refused_before_it_is_tokenized(tokens):
+    """The characters method takes a token a character (or more): a text of more characters than the
+    decoder's room is refused from its words' lengths, a megabyte of it without tokenizing it (a
+    megabyte used to be tokenized on the event loop, about 0.6 s, before it was refused)."""
+    counted, lengths = counting(tokens)
+    audio = noise(5 * SAMPLE_RATE)
+    room = tokens.alignment_room(None)
+    for text in ("the cat " * 150_000, "x" * (room + 1)):
+        with pytest.raises(AlignmentInputError, match=f"text is {len(text.replace(' ', ''))} characters; at"):
+            decoding.plan_alignment(audio, counted, text=text, alignment_method="characters")
+    assert lengths == []
+    fits = decoding.plan_alignment(audio, counted, text="x" * room, alignment_method="characters")
+    assert len(fits.windows[0].forced_tokens) == room

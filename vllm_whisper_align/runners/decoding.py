@@ -549,10 +549,7 @@ def text_to_tokens(
                 f"token ids must be text tokens in 0..{tokens.eot - 1}; got {bad[:5]}", "tokens"
             )
         return ids
-    if text is None or not text.strip():
-        raise AlignmentInputError("give the text to align (text or tokens)", "text")
-    # A leading space: Whisper's text always starts with a space-prefixed token.
-    text = " " + text.strip()
+    text = _given_text(text)
     if room is not None and tokens.surely_longer(text, room):
         raise AlignmentInputError(
             f"text is {len(text) - 1} characters, more than the {room} tokens that fit in Whisper's "
@@ -560,6 +557,32 @@ def text_to_tokens(
             "text",
         )
     return tokens.encode(text)
+
+
+def character_tokens(
+    text: str | None, token_ids: Sequence[int] | None, tokens: WhisperTokens, room: int
+) -> list[int]:
+    """The given text (or the text of the given ids) as one token a character or more
+    (``WhisperTokens.encode_characters``); a text of more characters than ``room`` is refused before
+    it is tokenized (a megabyte takes seconds)."""
+    if token_ids is not None:
+        text = tokens.decode(text_to_tokens(None, token_ids, tokens))
+    text = _given_text(text)
+    characters = sum(len(word) for word in text.split())
+    if characters > room:
+        raise AlignmentInputError(
+            f"text is {characters} characters; at most {room} fit in Whisper's {MAX_DECODER_TOKENS}-token "
+            "decoder context",
+            "text",
+        )
+    return tokens.encode_characters(text)
+
+
+def _given_text(text: str | None) -> str:
+    if text is None or not text.strip():
+        raise AlignmentInputError("give the text to align (text or tokens)", "text")
+    # A leading space: Whisper's text always starts with a space-prefixed token.
+    return " " + text.strip()
 
 
 def plan_alignment(
@@ -588,9 +611,10 @@ def plan_alignment(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
     room = tokens.alignment_room(language)
-    text_tokens = text_to_tokens(text, token_ids, tokens, None if method.forces_characters else room)
     if method.forces_characters:
-        text_tokens = tokens.encode_characters(tokens.decode(text_tokens))
+        text_tokens = character_tokens(text, token_ids, tokens, room)
+    else:
+        text_tokens = text_to_tokens(text, token_ids, tokens, room)
     if len(text_tokens) > room:
         unit = "characters" if method.forces_characters else "tokens"
         raise AlignmentInputError(
