@@ -49,6 +49,17 @@ async def _audio(form: Any, state: ServerState):
     return await state.decoders.decode(data, state.limits.max_audio_s)
 
 
+async def _rendered(
+    transcript: Transcript,
+    response_format: str,
+    granularities: list[str],
+    options: SubtitleOptions | None = None,
+) -> Response:
+    """The answer in its format, written in a thread: a long recording's hundred thousand words take
+    about a second to write, which on the event loop held every other client back."""
+    return await asyncio.to_thread(_render, transcript, response_format, granularities, options)
+
+
 def _render(
     transcript: Transcript,
     response_format: str,
@@ -137,7 +148,7 @@ async def _speech_to_text(raw_request: Request, state: ServerState, form: Any, t
         prompt=forms.text(form, "prompt") or None,
         options=options,
     )
-    return _render(transcript, response_format, granularities, subtitle_options)
+    return await _rendered(transcript, response_format, granularities, subtitle_options)
 
 
 async def _streamed_transcription(
@@ -234,9 +245,13 @@ async def _alignment(raw_request: Request, state: ServerState, form: Any) -> Res
     samples = await _audio(form, state)
     transcript = await _aligned(state, samples, form, options, text=text, token_ids=token_ids)
     if response_format == "json":
-        body = transcript.to_dict()
-        return JSONResponse({k: body[k] for k in ("text", "words", "tokens")})
-    return _render(transcript, response_format, ["word", "segment"], subtitle_options)
+        return await asyncio.to_thread(_alignment_json, transcript)
+    return await _rendered(transcript, response_format, ["word", "segment"], subtitle_options)
+
+
+def _alignment_json(transcript: Transcript) -> Response:
+    body = transcript.to_dict()
+    return JSONResponse({k: body[k] for k in ("text", "words", "tokens")})
 
 
 async def _streamed_alignment(
@@ -312,7 +327,12 @@ async def _retiming(state: ServerState, form: Any) -> Response:
         if error.param == "text":  # the text came from the subtitles
             error.param = "subtitles"
         raise
-    retimed = await asyncio.to_thread(retiming.retime, subtitles, transcript)  # long files take a while
+    # Long files take a while: retimed and written in a thread.
+    retimed = await asyncio.to_thread(retiming.retime, subtitles, transcript)
+    return await asyncio.to_thread(_render_retimed, retimed, transcript, response_format)
+
+
+def _render_retimed(retimed: retiming.Retimed, transcript: Transcript, response_format: str) -> Response:
     if response_format in SUBTITLE_FORMATS:
         written = retiming.render(retimed, transcript, response_format)
         return PlainTextResponse(written, media_type=MEDIA_TYPES[response_format])

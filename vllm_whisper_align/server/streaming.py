@@ -9,6 +9,7 @@ dropped (``runners.service``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -39,7 +40,7 @@ def windows_response(
         index = 0
         async for item in service.streamed(plan, request_id):
             if isinstance(item, Transcript):
-                yield events.done_event(events.verbose_body(item, granularities))
+                yield events.done_event(await asyncio.to_thread(events.verbose_body, item, granularities))
                 continue
             audio, result = item
             yield _window_event(index, audio, result, granularities, forced)
@@ -65,7 +66,7 @@ def whole_response(
         grouped = events.by_window(transcript, [(w.offset, w.offset + w.duration) for w in windows])
         for index, (window, result) in enumerate(zip(windows, grouped, strict=True)):
             yield _window_event(index, window, result, granularities, forced=True)
-        yield events.done_event(events.verbose_body(transcript, granularities))
+        yield events.done_event(await asyncio.to_thread(events.verbose_body, transcript, granularities))
 
     return _event_stream(service, request_id, all_events())
 
@@ -83,7 +84,9 @@ def _event_stream(
         async with service.request_in_flight():
             try:
                 async for event in stream:
-                    yield events.server_sent(event)
+                    # Written in a thread: the last event of a long recording is its whole answer,
+                    # about a second for a hundred thousand words.
+                    yield await asyncio.to_thread(events.server_sent, event)
             except InputError as error:
                 yield _error(http_error(error))
             except RequestError as error:
