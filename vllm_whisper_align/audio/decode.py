@@ -1,5 +1,5 @@
 """Any audio container to float32 mono samples at 16 kHz, the only input Whisper's feature extractor
-accepts: libsndfile for wav/flac at the right rate, FFmpeg (PyAV) for everything else, bounded by the
+accepts: libsndfile for wav at the right rate, FFmpeg (PyAV) for everything else, bounded by the
 caller's duration limit, and spilled to a temporary file when long.
 """
 
@@ -45,8 +45,12 @@ FREE_VALUES_PER_SECOND = 48_000
 # otherwise hold per request while the windows run a few at a time.
 SPILL_AFTER_WINDOWS = 4
 
-# Containers that libsndfile decodes exactly; anything else goes through FFmpeg.
+# Containers whose header libsndfile reads for the stated length (exact in both).
 _SOUNDFILE_FORMATS = {"WAV", "WAVEX", "RF64", "FLAC"}
+# Of those, what libsndfile decodes (exactly); anything else goes through FFmpeg. Not FLAC: its frames,
+# not its header's count, are its audio, and libsndfile stops at the count, where FFmpeg decodes every
+# frame (a header understating the length lost the rest without a word), as exactly and as fast.
+_SOUNDFILE_DECODES = {"WAV", "WAVEX", "RF64"}
 
 AudioSource = str | os.PathLike | bytes | bytearray | memoryview | BinaryIO
 
@@ -294,7 +298,7 @@ def _open_source(source: AudioSource) -> tuple[str, str | io.BytesIO]:
 
 
 def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Decoded | None:
-    """Exact fast path for wav/flac already at `sample_rate`; None means use FFmpeg.
+    """Exact fast path for wav already at `sample_rate`; None means use FFmpeg.
 
     The duration bound is checked on the header of any wav/flac, whatever its rate: their
     headers state the exact number of frames.
@@ -311,7 +315,7 @@ def _decode_with_soundfile(opened, sample_rate: int, decoded: _Decoded) -> _Deco
                 return None
             if 0 <= audio.frames < _UNKNOWN_FRAMES:
                 decoded.bound.check_header(audio.frames / audio.samplerate)
-            if audio.samplerate != sample_rate:
+            if audio.samplerate != sample_rate or audio.format not in _SOUNDFILE_DECODES:
                 return None
             return _read_mono(audio, decoded)
     except (AudioError, DecodeStopped, DecodeGaveUp):
