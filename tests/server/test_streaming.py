@@ -484,11 +484,11 @@ def test_realtime_mistakes_are_error_events_and_the_connection_stays(server):
 
 
 def test_realtime_unreadable_messages_and_mistyped_fields_are_error_events_and_the_stream_goes_on(server):
-    """A binary frame, JSON nested too deep to read, a `language` or `prompt` that is not a string and a
-    `final` that is not a boolean: each an error event naming what is wrong (they raised out of the
-    session, which dropped the connection without a close frame, or were taken: `"final": "no"` ended
-    the audio, a prompt of {} failed every decode); the same connection then streams a recording and
-    gets its words."""
+    """A binary frame, JSON nested too deep to read, a `language` or `prompt` that is not a string, a
+    `final` that is not a boolean and a `temperature` that is not a number: each an error event naming
+    what is wrong (they raised out of the session, which dropped the connection without a close frame,
+    or were taken: `"final": "no"` ended the audio, a prompt of {} failed every decode, a temperature
+    of "0.2" was read from its text); the same connection then streams a recording and gets its words."""
     clip = sentence_clips()[0]
     sent = [
         b"\x00\x01",
@@ -496,6 +496,7 @@ def test_realtime_unreadable_messages_and_mistyped_fields_are_error_events_and_t
         json.dumps({"type": "session.update", "language": 5}),
         json.dumps({"type": "session.update", "prompt": {"a": 1}}),
         json.dumps({"type": "input_audio_buffer.commit", "final": "no"}),
+        json.dumps({"type": "session.update", "temperature": "0.2"}),
     ]
 
     async def mistakes_then_audio() -> tuple[list[dict], list[dict]]:
@@ -514,9 +515,9 @@ def test_realtime_unreadable_messages_and_mistyped_fields_are_error_events_and_t
 
     answers, events = asyncio.run(mistakes_then_audio())
     assert [a["type"] for a in answers] == ["error"] * len(sent), answers
-    assert [a["code"] for a in answers] == ["invalid_json"] * 2 + ["invalid_request"] * 3, answers
+    assert [a["code"] for a in answers] == ["invalid_json"] * 2 + ["invalid_request"] * 4, answers
     assert "binary" in answers[0]["error"] and "deep" in answers[1]["error"], answers
-    for answer, field in zip(answers[2:], ("language", "prompt", "final"), strict=True):
+    for answer, field in zip(answers[2:], ("language", "prompt", "final", "temperature"), strict=True):
         assert f"`{field}`" in answer["error"], answer
     assert events[-1]["type"] == "transcription.done", events[-3:]
     assert "mat" in plain_words(events[-1]["words"]), events[-1]

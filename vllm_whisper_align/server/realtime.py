@@ -187,7 +187,7 @@ class RealtimeSession:
         given = {name: SESSION_FIELDS[name].check(event[name]) for name in SESSION_FIELDS if name in event}
         language = given.get("language", self.stream.language)
         self.state.service.tokens.check_language(language or None)
-        values = {name: OPTIONS[name].parse(str(value)) for name, value in event.items() if name in OPTIONS}
+        values = {name: OPTIONS[name].check(value) for name, value in event.items() if name in OPTIONS}
         options = TranscriptionOptions.from_checked(values) if values else self.stream.options
         self.stream.language = language or None
         self.stream.prompt = given.get("prompt", self.stream.prompt) or None
