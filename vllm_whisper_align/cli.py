@@ -367,7 +367,7 @@ def _stream(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     printed as it is confirmed."""
     from vllm_whisper_align.runners.live import played, stdin_chunks
 
-    if args.speed < 0:
+    if not args.speed >= 0:  # NaN too, which played a file at once
         raise InputError(f"--speed must be 0 or more; got {args.speed:g}", "speed")
     options = _given(args, TRANSCRIPTION_OPTIONS)
     TranscriptionOptions.from_checked(options)  # their mistakes before anything starts

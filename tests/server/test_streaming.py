@@ -552,6 +552,10 @@ def test_cli_streams_a_file_to_a_server_word_by_word(server, tmp_path):
     assert odd.returncode != 0 and "odd number of bytes" in odd.stderr.decode(), odd.stderr.decode()
     gone = run_stream_cli(str(path), "--server", f"http://127.0.0.1:{free_port()}")
     assert gone.returncode != 0 and len(gone.stderr.decode().strip().splitlines()) == 1, gone.stderr.decode()
+    for speed in ("-1", "nan"):
+        refused = run_stream_cli(str(path), "--server", server, "--speed", speed)
+        message = refused.stderr.decode()
+        assert refused.returncode != 0 and f"--speed must be 0 or more; got {speed}" in message, message
 
 
 def test_cli_streams_stdin_in_process(server):
