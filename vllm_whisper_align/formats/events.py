@@ -23,6 +23,10 @@ DONE = "transcript.text.done"
 ERROR = "error"
 # vLLM's (and OpenAI's chat) end of a stream, after the last event.
 END_OF_STREAM = "data: [DONE]\n\n"
+# A comment line, which every server-sent-event reader skips (the openai client's too): sent while no
+# event is ready, so that a proxy or client that drops a silent connection (nginx after 60 s) does
+# not drop a long alignment's stream, which is silent until the whole recording is aligned.
+HEARTBEAT = ": keepalive\n\n"
 
 
 def verbose_body(transcript: Transcript, granularities: list[str]) -> dict[str, Any]:

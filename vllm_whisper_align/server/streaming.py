@@ -77,6 +77,31 @@ def _window_event(index: int, audio: AudioChunk, result, granularities: list[str
     )
 
 
+# Longest silence on a streamed answer before a heartbeat (``events.HEARTBEAT``).
+HEARTBEAT_S = 15.0
+
+
+async def with_heartbeats(lines: AsyncIterator[str], every_s: float) -> AsyncIterator[str]:
+    """``lines``, with ``events.HEARTBEAT`` sent whenever none has come for ``every_s``. The next line
+    is awaited in a task of its own, which the wait does not cancel (that would end the stream); the
+    stream closed or cancelled (the client gone) cancels it, and so the answer, as without heartbeats."""
+    iterator = aiter(lines)
+    next_line: asyncio.Future[str] | None = None
+    try:
+        while True:
+            next_line = asyncio.ensure_future(anext(iterator))
+            while not (await asyncio.wait({next_line}, timeout=every_s))[0]:
+                yield events.HEARTBEAT
+            try:
+                line = next_line.result()
+            except StopAsyncIteration:
+                return
+            yield line
+    finally:
+        if next_line is not None:
+            next_line.cancel()
+
+
 def _event_stream(
     service: AlignmentService, request_id: str, stream: AsyncIterator[dict[str, Any]]
 ) -> StreamingResponse:
@@ -96,7 +121,7 @@ def _event_stream(
                 yield _error(RequestError(f"the answer failed: {type(error).__name__}: {error}", status=500))
             yield events.END_OF_STREAM
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return StreamingResponse(with_heartbeats(body(), HEARTBEAT_S), media_type="text/event-stream")
 
 
 def _error(error: RequestError) -> str:
