@@ -55,8 +55,8 @@ async def _rendered(
     granularities: list[str],
     options: SubtitleOptions | None = None,
 ) -> Response:
-    """The answer in its format, written in a thread: a long recording's hundred thousand words take
-    about a second to write, which on the event loop held every other client back."""
+    """The answer in its format, written in a thread: writing a long recording's hundred thousand words
+    on the event loop held every other client back meanwhile."""
     return await asyncio.to_thread(_render, transcript, response_format, granularities, options)
 
 

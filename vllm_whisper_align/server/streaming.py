@@ -109,8 +109,8 @@ def _event_stream(
         async with service.request_in_flight():
             try:
                 async for event in stream:
-                    # Written in a thread: the last event of a long recording is its whole answer,
-                    # about a second for a hundred thousand words.
+                    # Written in a thread: the last event of a long recording is its whole answer
+                    # (as ``routes._rendered``).
                     yield await asyncio.to_thread(events.server_sent, event)
             except InputError as error:
                 yield _error(http_error(error))
