@@ -247,7 +247,7 @@ class Arrived:
 
     def put(self, samples: np.ndarray) -> None:
         if len(samples):
-            self.chunks.append(samples if samples.dtype == np.int16 else samples.astype(np.float32))
+            self.chunks.append(samples if samples.dtype == np.int16 else np.asarray(samples, np.float32))
             self.samples += len(samples)
 
     def take(self, num_samples: int) -> np.ndarray:
