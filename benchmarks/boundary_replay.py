@@ -19,7 +19,9 @@ words with pauses (in voices of the dev set: constants for speech with pauses we
 *pauses-held*, 24 clips of the held-out sentences spoken word by word in the held-out voices and rates,
 for checking those; *real*, the real recordings of tests/support/real_speech.py (docs/real-speech-set.md),
 scored by real_speech_bench's rules (every truth word, starts and ends); *real-pauses*, those recordings
-joined by pauses of their own room tone and a breath (``joined_with_pauses``).
+joined by pauses of their own room tone and a breath (``joined_with_pauses``); *spontaneous*, the
+spontaneous set kept apart from them (docs/real-speech-set.md#the-spontaneous-set), scored the same way.
+Every clip is aligned alone (no packing), as the rules see one input's windows.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ RECORDING_VERSION = 4
 DEV_VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp", "en-us+m3", "en-029"]
 DEV_RATES = [140, 150, 160, 170, 180, 190]
 NUM_DEV, NUM_PAUSES, NUM_PAUSES_HELD = 48, 48, 24
-SETS = ("dev", "held", "pauses", "pauses-held", "real", "real-pauses")
+SETS = ("dev", "held", "pauses", "pauses-held", "real", "real-pauses", "spontaneous")
 # Real human speech (tests/support/real_speech.py): scored by its own rules (real_speech_bench.score: every
 # truth word counts, starts and ends, starts over 0.5 s off), beside the synthetic sets.
-REAL_SETS = ("real", "real-pauses")
+REAL_SETS = ("real", "real-pauses", "spontaneous")
 MODES = ("forced", "transcribed")
 
 
@@ -114,7 +116,8 @@ def real_sets() -> dict[str, list]:
     from tests.support import real_speech
 
     clips = real_speech.load_clips(log=lambda *_: None)
-    return {"real": clips, "real-pauses": real_speech.joined_with_pauses(clips)}
+    spontaneous = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
+    return {"real": clips, "real-pauses": real_speech.joined_with_pauses(clips), "spontaneous": spontaneous}
 
 
 def recording_path(model: str) -> Path:
@@ -142,10 +145,11 @@ def record(out: Path, model: str) -> None:
             audio = [clip.samples for clip in clips]
             for mode in MODES:
                 calls.clear()
+                # Each clip alone: packed windows hold several clips, and a call per input is kept.
                 if mode == "forced":
-                    aligner.align(audio, [clip.text for clip in clips])
+                    aligner.align(audio, [clip.text for clip in clips], packing=False)
                 else:
-                    aligner.transcribe(audio, language="en")
+                    aligner.transcribe(audio, language="en", packing=False)
                 recorded[(name, mode)] = in_input_order(calls, audio)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "wb") as file:

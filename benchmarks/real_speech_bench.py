@@ -398,7 +398,9 @@ def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
         per_kind[entry["kind"]][1].append(errors["end"])
         records += word_records(clip_id, entry, errors)
     rows = {kind: figures(np.concatenate(s), np.concatenate(e)) for kind, (s, e) in per_kind.items() if s}
-    as_recorded = [errors for kind, errors in per_kind.items() if kind != JOINED]
+    # The joined clips repeat the recordings' words: overall figures leave them out, unless they are all
+    # there is (boundary_replay's real-pauses set).
+    as_recorded = [e for kind, e in per_kind.items() if kind != JOINED and e[0]] or [per_kind[JOINED]]
     everything = figures(*(np.concatenate([x for s in as_recorded for x in s[k]]) for k in (0, 1)))
     return {**everything, "by_kind": rows}, records
 
