@@ -530,7 +530,9 @@ def words_of(labels: list[tuple[str, float, float]]) -> tuple[list[str], list, l
     """Words, starts, ends and filled-pause flags; silences and noise labels dropped."""
     words, starts, ends, filled = [], [], [], []
     for label, start, end in labels:
-        word = label.split("\n")[0].strip().strip('"')  # praatio's multi-line labels: the word is first
+        # praatio's multi-line labels: the word is on the first line that has one (PolyglotDB's
+        # "\ncares" starts with a line break)
+        word = next((line for line in label.split("\n") if line.strip()), "").strip().strip('"')
         if word.lower() in NON_WORDS or NOISE_LABEL.match(word):
             continue
         words.append(word)
