@@ -147,7 +147,7 @@ def record(out: Path, model: str) -> None:
                 calls.clear()
                 # Each clip alone: packed windows hold several clips, and a call per input is kept.
                 if mode == "forced":
-                    aligner.align(audio, [clip.text for clip in clips], packing=False)
+                    aligner.align(audio, [clip.text for clip in clips], language="en", packing=False)
                 else:
                     aligner.transcribe(audio, language="en", packing=False)
                 recorded[(name, mode)] = in_input_order(calls, audio)

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/real_speech_bench.py                      # every system, then the report
     .venv/bin/python benchmarks/real_speech_bench.py --systems ours-tiny.en,openai-whisper-tiny.en
     .venv/bin/python benchmarks/real_speech_bench.py --report-only         # score the raw outputs again
+    .venv/bin/python benchmarks/real_speech_bench.py --set spontaneous     # the spontaneous set instead
 
 Systems (one process each, one after the other; the peers in benchmarks/.venvs, made by envs.py):
 this project's `WhisperAligner(model, dtype="float32")`, `transcribe(..., word_timestamps=True)` and
@@ -19,7 +20,9 @@ miss), the MAE over paired words, and "off > 0.5 s" counts paired starts more th
 scores.json, words.json (every truth word's error per row), heard.md (transcripts against the truth
 text), worst.md (our worst words, with the heads' raw DTW times), boundary-rules.md (our starts before
 and after the boundary rules, our ends by what follows them, our errors per clip) and
-RESULTS-section.md (a section for benchmarks/RESULTS.md).
+RESULTS-section.md (a section for benchmarks/RESULTS.md). ``--set spontaneous`` runs and scores the
+spontaneous set (docs/real-speech-set.md#the-spontaneous-set) into benchmarks/out/real_speech-spontaneous/
+instead, so that neither set's raw outputs overwrite the other's.
 """
 
 from __future__ import annotations
@@ -49,9 +52,21 @@ from tests.support import real_speech  # noqa: E402
 from tests.support.speech import align_words  # noqa: E402
 from tests.support.speech import word_errors as edit_count  # noqa: E402
 
-OUT = HERE / "out" / "real_speech"
+# Where a set's exported audio, raw outputs and reports go (use_set): one folder per set.
+SET_FOLDERS = {"main": "real_speech", "spontaneous": "real_speech-spontaneous"}
+SET = "main"
+OUT = HERE / "out" / SET_FOLDERS[SET]
 AUDIO = OUT / "audio"
 RAW = OUT / "raw"
+
+
+def use_set(name: str) -> None:
+    """Run and score the set ``name`` of real_speech.SETS (its own folder under benchmarks/out)."""
+    global SET, OUT, AUDIO, RAW
+    SET, OUT = name, HERE / "out" / SET_FOLDERS[name]
+    AUDIO, RAW = OUT / "audio", OUT / "raw"
+
+
 RUNNERS = HERE / "runners"
 THRESHOLDS_MS = (20, 50, 100, 200)
 FAR_OFF_S = 0.5
@@ -124,7 +139,8 @@ def jobs(system: str) -> list[tuple[str, list[str], dict | None]]:
     """(part, command, environment) of each process `system` runs; a part writes RAW/<part>.json."""
     name, model = split_system(system)
     if name == "ours":
-        command = [sys.executable, __file__, "ours", "--model", model, "--out", str(RAW / f"{system}.json")]
+        command = [sys.executable, __file__, "ours", "--model", model, "--set", SET]
+        command += ["--out", str(RAW / f"{system}.json")]
         return [(system, command, None)]
     paths = weights(model)
     checkpoint = ["--model", paths["openai_ckpt"], "--hf-dir", paths["hf_dir"], "--model-name", model]
@@ -679,8 +695,8 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
     joined = [t for t in truth.values() if t["kind"] == JOINED]
     words = sum(len(t["words"]) for t in recorded.values())
     seconds = sum(t["duration"] for t in recorded.values())
-    return "\n".join(
-        [
+    about = {
+        "main": [
             "## Word boundaries on real speech",
             "",
             f"{len(recorded)} recordings ({seconds:.0f} s, {words} words) that PyPI packages ship with "
@@ -689,19 +705,36 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
             "For most of them the truth is itself an automatic alignment (PocketSphinx, HMM, SPPAS: "
             "trust it to ~50 ms), so figures within 20 ms say little. Small: a word is 0.7 points. "
             "See docs/real-speech-set.md.",
+        ],
+        "spontaneous": [
+            "## Word boundaries on spontaneous speech",
+            "",
+            f"{len(recorded)} recordings ({seconds:.0f} s, {words} words) of one talker speaking freely, "
+            "with filled pauses, that PolyglotDB and the Montreal Forced Aligner ship as test data "
+            "(docs/real-speech-set.md#the-spontaneous-set): PolyglotDB's word times (likely by hand) and "
+            "MFA's reference alignments (MFA's own output: trust it to a few tens of ms). A word is "
+            "0.5 points.",
+        ],
+    }[SET]
+    joined_part = [
+        f"The LibriVox sentences joined in {len(joined)} pairs by pauses of 0.6 / 1.0 / 1.5 s filled "
+        "with their own room tone, a breath in every other pause (real_speech.joined_with_pauses; "
+        f"{sum(len(t['words']) for t in joined)} words, {sum(t['duration'] for t in joined):.0f} s): "
+        "what a pause in a real recording holds.",
+        "",
+        main_table(rows, JOINED),
+        "",
+    ]
+    return "\n".join(
+        [
+            *about,
             "",
             f"`{command}` ({run['date']}, raw outputs of commit {commits(rows)}; scored by commit "
             f"{git_commit()}), on {machine()}.",
             "",
             main_table(rows),
             "",
-            f"The LibriVox sentences joined in {len(joined)} pairs by pauses of 0.6 / 1.0 / 1.5 s filled "
-            "with their own room tone, a breath in every other pause (real_speech.joined_with_pauses; "
-            f"{sum(len(t['words']) for t in joined)} words, {sum(t['duration'] for t in joined):.0f} s): "
-            "what a pause in a real recording holds.",
-            "",
-            main_table(rows, JOINED),
-            "",
+            *(joined_part if joined else []),
             "By kind of speech (starts within 50 / 100 ms, start MAE ms):",
             "",
             kind_table(rows, truth),
@@ -776,7 +809,9 @@ def main() -> None:
     parser.add_argument("--model", default="tiny.en", choices=MODELS)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--set", default="main", choices=list(SET_FOLDERS))
     args = parser.parse_args()
+    use_set(args.set)
     if args.what == "ours":
         run_ours(args.model, args.out)
         return
@@ -785,8 +820,10 @@ def main() -> None:
         OUT.mkdir(parents=True, exist_ok=True)  # the command and day the raw outputs come from: the report's
         today = datetime.date.today().isoformat()
         (OUT / "run.json").write_text(json.dumps({"command": command, "date": today}))
-        clips = real_speech.load_clips(log)
-        real_speech.export(clips + real_speech.joined_with_pauses(clips), AUDIO)
+        clips = real_speech.load_clips(log, sets=(SET,))
+        # The main set's LibriVox sentences joined by pauses go with it (JOINED).
+        joined = real_speech.joined_with_pauses(clips) if SET == "main" else []
+        real_speech.export(clips + joined, AUDIO)
         RAW.mkdir(parents=True, exist_ok=True)
         failed = [s for s in args.systems.split(",") if not run_system(s, args.timeout)]
         if failed:
