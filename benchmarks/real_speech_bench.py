@@ -725,6 +725,12 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
         main_table(rows, JOINED),
         "",
     ]
+    kinds_part = [
+        "By kind of speech (starts within 50 / 100 ms, start MAE ms):",
+        "",
+        kind_table(rows, truth),
+        "",
+    ]
     return "\n".join(
         [
             *about,
@@ -735,10 +741,7 @@ def section(rows: list[dict], truth: dict, command: str) -> str:
             main_table(rows),
             "",
             *(joined_part if joined else []),
-            "By kind of speech (starts within 50 / 100 ms, start MAE ms):",
-            "",
-            kind_table(rows, truth),
-            "",
+            *(kinds_part if len({t["kind"] for t in truth.values()}) > 1 else []),
         ]
     )
 
