@@ -74,7 +74,7 @@ def test_transcription_of_real_recordings_with_pauses(aligner, joined):
 @pytest.fixture(scope="module")
 def spontaneous():
     """One talker speaking freely (PolyglotDB's and MFA's test recordings: fillers, a fast part, a cold),
-    183 words; added after the boundary rules were made, so a floor against regressions here, not a
+    184 words; added after the boundary rules were made, so a floor against regressions here, not a
     figure they were tuned to (docs/real-speech-set.md#the-spontaneous-set)."""
     return real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
 
@@ -84,6 +84,6 @@ def test_forced_alignment_of_spontaneous_speech(aligner, spontaneous):
     starts, ends = errors(spontaneous, results)
     report("spontaneous, forced", starts, ends)
     assert len(starts) >= 180 and np.isfinite(starts).all()
-    assert np.sum(starts > FAR_OFF_S) <= 8  # 6 on 2026-12-05: words beside fillers and pauses
+    assert np.sum(starts > FAR_OFF_S) <= 8  # 5 on 2026-12-05: sniffs in pauses, untranscribed sound
     assert np.mean(starts <= 0.05) >= 0.36
     assert np.mean(starts <= 0.10) >= 0.58
