@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.support.speech import SENTENCES, sentence_clips, start_errors, synthesize_sentence
-from vllm_whisper_align.audio.features import speech_frames
+from vllm_whisper_align.audio.features import sound_frames
 
 VOICES = ["en-us", "en", "en-us+f3", "en-gb-x-rp"]
 RATES = [150, 170, 185, 160]
@@ -48,10 +48,11 @@ def test_continuous_speech_has_exact_word_starts(continuous_clips):
         known = np.asarray(clip.starts)[~np.isnan(clip.starts)]
         assert len(known) >= 0.7 * len(clip.starts)
         assert np.all(np.diff(known) > 0)
-        # no pauses between the words (the clips with pauses are 15-60% silence between their words)
-        speech = speech_frames(clip.samples)
-        inside = speech[int(clip.starts[0] / 0.02) + 1 : int(clip.ends[-1] / 0.02) - 1]
-        assert inside.mean() >= 0.95
+        # no pauses between the words (the clips with pauses are 15-60% silence between their words): sound
+        # all along, at the whole band's level (the speech mask leaves out the hiss of fricatives)
+        sound = sound_frames(clip.samples)
+        inside = sound[int(clip.starts[0] / 0.02) + 1 : int(clip.ends[-1] / 0.02) - 1]
+        assert inside.mean() >= 0.9
 
 
 def test_forced_alignment_of_continuous_speech(aligner, continuous_clips):

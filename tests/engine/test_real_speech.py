@@ -74,8 +74,9 @@ def test_transcription_of_real_recordings_with_pauses(aligner, joined):
 @pytest.fixture(scope="module")
 def spontaneous():
     """One talker speaking freely (PolyglotDB's and MFA's test recordings: fillers, a fast part, a cold),
-    184 words; added after the boundary rules were made, so a floor against regressions here, not a
-    figure they were tuned to (docs/real-speech-set.md#the-spontaneous-set)."""
+    184 words; added after the boundary rules were made. The speech mask's voice band was found on it and
+    checked on every other set (docs/boundaries.md#spontaneous-speech-2026-12-05): a floor against
+    regressions, with few words to spare (a word is 0.5 points)."""
     return real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
 
 
@@ -84,6 +85,8 @@ def test_forced_alignment_of_spontaneous_speech(aligner, spontaneous):
     starts, ends = errors(spontaneous, results)
     report("spontaneous, forced", starts, ends)
     assert len(starts) >= 180 and np.isfinite(starts).all()
-    assert np.sum(starts > FAR_OFF_S) <= 8  # 5 on 2026-12-05: sniffs in pauses, untranscribed sound
-    assert np.mean(starts <= 0.05) >= 0.36
-    assert np.mean(starts <= 0.10) >= 0.58
+    # 2026-12-05 with the voice's band as the speech mask: 1, 51.6%, 73.9% (the whole band's level, which
+    # took sniffs and breaths in the pauses for speech: 5, 40.8%, 63.6%)
+    assert np.sum(starts > FAR_OFF_S) <= 3
+    assert np.mean(starts <= 0.05) >= 0.47
+    assert np.mean(starts <= 0.10) >= 0.68

@@ -61,6 +61,25 @@ def test_room_tone_and_a_breath_before_speech_are_not_speech(reader, breath_s):
     assert max(flagged) == 0.0, flagged
 
 
+def test_sniffs_and_breaths_in_free_speech_are_not_speech():
+    """The spontaneous set's pauses hold sniffs and breaths as loud as its quieter words (a talker with a
+    cold, a noisy room): the whole band's level called a third of their frames speech; the voice's band
+    calls few of them speech, and still finds most words."""
+    clips = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
+    pauses, words = [], []
+    for clip in clips:
+        speech = features.speech_frames(clip.samples)
+        for i, (start, end) in enumerate(zip(clip.starts, clip.ends, strict=True)):
+            words.append(speech[int(round(start / FRAME)) : int(round(end / FRAME))].any())
+            if i and start - clip.ends[i - 1] >= 0.1:  # a pause, less a frame at either edge
+                pauses.append(
+                    speech[int(round(clip.ends[i - 1] / FRAME)) + 1 : int(round(start / FRAME)) - 1]
+                )
+    assert len(pauses) >= 30
+    assert np.concatenate(pauses).mean() <= 0.15  # 7.5% on 2026-12-05; the whole band's level: 35.8%
+    assert np.mean(words) >= 0.7  # 75.5%
+
+
 def test_a_voice_is_told_from_noise():
     rng = np.random.default_rng(0)
     t = np.arange(int(0.4 * SAMPLE_RATE)) / SAMPLE_RATE

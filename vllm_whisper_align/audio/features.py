@@ -22,9 +22,21 @@ def true_runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 # One encoder frame: the resolution word times have anyway.
 SPEECH_FRAME_SECONDS = 0.02
-# A frame is speech when it is this far above the clip's noise floor and not far below its peak.
+# A frame is speech when its level in the voice's band is this far above that band's noise floor and
+# not far below its peak, and its level over the whole band at least SOUND_ABOVE_NOISE_DB above the
+# whole band's floor.
 SPEECH_ABOVE_NOISE_DB = 8.0
 SPEECH_BELOW_PEAK_DB = 50.0
+# The voice's band: its first formant and its strongest harmonics. Below it lie hum and rumble, above it
+# the hiss of breaths, sniffs and fricatives that fill a real recording's pauses, which the whole band's
+# level took for speech (docs/boundaries.md#spontaneous-speech-2026-12-05).
+VOICE_BAND_HZ = (250.0, 1500.0)
+# Where a recording's floor is rumble, the voice's band has a far lower floor than the whole band, and
+# a bump of room tone stands out in it: a frame that does not rise over the whole band's floor at all
+# is no speech.
+SOUND_ABOVE_NOISE_DB = 2.0
+# The spectrum of a 20 ms frame for the voice's band, zero-padded to this many samples (31 Hz bins).
+VOICE_BAND_FFT = 512
 # Quiet runs shorter than this (stop-consonant closures) stay speech.
 MIN_SILENCE_SECONDS = 0.1
 
@@ -46,23 +58,39 @@ def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.n
     return 10 * np.log10(power + 1e-12)
 
 
+def voice_band_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Power in dB per 20 ms frame within VOICE_BAND_HZ (Hann-windowed, the last frame zero-padded): the
+    same frames as :func:`frame_levels_db`."""
+    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
+    num_frames = -(-len(samples) // frame_length)
+    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
+    padded[: len(samples)] = samples
+    frames = padded.reshape(num_frames, frame_length) * np.hanning(frame_length)
+    power = np.abs(np.fft.rfft(frames, VOICE_BAND_FFT, axis=1)) ** 2
+    frequencies = np.fft.rfftfreq(VOICE_BAND_FFT, 1 / sample_rate)
+    band = (frequencies >= VOICE_BAND_HZ[0]) & (frequencies < VOICE_BAND_HZ[1])
+    return 10 * np.log10(power[:, band].sum(axis=1) / frame_length + 1e-12)
+
+
 def noise_floor_db(levels_db: np.ndarray) -> float:
     """The level that a tenth of the frames stay under: the clip's noise, or its digital silence."""
     return float(np.percentile(levels_db, 10))
 
 
 def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Boolean per 20 ms frame: True where there is sound above the noise floor with a voice in it.
+    """Boolean per 20 ms frame: True where there is sound in the voice's band (VOICE_BAND_HZ) above its
+    noise floor, with a voice in it.
 
     Cross-attention DTW gives a silence before a word to that word (it has to go somewhere); this mask
     lets word boundaries be moved out of such silences, and out of what fills a real recording's
-    pauses: room tone, breath, clicks.
+    pauses: room tone, breaths, sniffs, clicks.
     """
-    level_db = frame_levels_db(samples, sample_rate)
-    if len(level_db) == 0:
+    band_db = voice_band_levels_db(samples, sample_rate)
+    if len(band_db) == 0:
         return np.zeros(0, dtype=bool)
-    threshold = max(noise_floor_db(level_db) + SPEECH_ABOVE_NOISE_DB, level_db.max() - SPEECH_BELOW_PEAK_DB)
-    speech = level_db > threshold
+    level_db = frame_levels_db(samples, sample_rate)
+    threshold = max(noise_floor_db(band_db) + SPEECH_ABOVE_NOISE_DB, band_db.max() - SPEECH_BELOW_PEAK_DB)
+    speech = (band_db > threshold) & (level_db > noise_floor_db(level_db) + SOUND_ABOVE_NOISE_DB)
     speech = _fill_short_silences(speech, int(round(MIN_SILENCE_SECONDS / SPEECH_FRAME_SECONDS)))
     return _without_unvoiced_runs(speech, samples, sample_rate)
 
@@ -70,19 +98,27 @@ def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.nda
 # Sound is speech only where a voice is in it: a breath, a click, a bump of room tone or a door is not,
 # and every word holds a voiced sound (a vowel, a nasal, a voiced consonant). A run of sound shorter than
 # MIN_SPEECH_SECONDS is no word at all; one up to VOICE_CHECK_MAX_SECONDS long needs MIN_VOICED_FRAMES
-# voiced frames; longer runs are speech without a look (the check costs nothing on them).
+# voiced frames and MIN_VOICED_SHARE of its frames voiced (noise in the voice's band reads as voiced in a
+# frame or two by chance); longer runs are speech without a look.
 MIN_SPEECH_SECONDS = 0.06
 VOICE_CHECK_MAX_SECONDS = 0.6
 MIN_VOICED_FRAMES = 2
+MIN_VOICED_SHARE = 0.2
 # Voicing: the peak of a frame's normalised autocorrelation at the lags of a voice's pitch.
 VOICE_MIN_HZ, VOICE_MAX_HZ = 60, 400
 VOICED_CORRELATION = 0.5
+# Frames either side of a run of the mask read with it (voiced_frames looks 1.5 frames ahead).
+VOICE_CONTEXT_FRAMES = 2
 # Voicing is read at a quarter of the rate: a voice's pitch and its first harmonics lie under 2 kHz.
 VOICE_DECIMATION = 4
 
 
 def _without_unvoiced_runs(speech: np.ndarray, samples: np.ndarray, sample_rate: int) -> np.ndarray:
-    """``speech`` without its short runs of sound that hold no voice."""
+    """``speech`` without its short runs of sound that hold no voice.
+
+    Each run's voicing is read with VOICE_CONTEXT_FRAMES of the audio about it, as over the whole input:
+    a run cut out alone has zeros about it, and its edge frames read them as periodic (a 60 ms bump of
+    room tone did)."""
     frame = int(SPEECH_FRAME_SECONDS * sample_rate)
     shortest = int(round(MIN_SPEECH_SECONDS / SPEECH_FRAME_SECONDS))
     checked = int(round(VOICE_CHECK_MAX_SECONDS / SPEECH_FRAME_SECONDS))
@@ -90,9 +126,12 @@ def _without_unvoiced_runs(speech: np.ndarray, samples: np.ndarray, sample_rate:
     for start, end in zip(*true_runs(speech), strict=True):
         if end - start > checked:
             continue
-        if end - start < shortest or voiced_frames(
-            samples[start * frame : end * frame], sample_rate
-        ).sum() < (MIN_VOICED_FRAMES):
+        if end - start < shortest:
+            out[start:end] = False
+            continue
+        low = max(start - VOICE_CONTEXT_FRAMES, 0)
+        voiced = voiced_frames(samples[low * frame : (end + VOICE_CONTEXT_FRAMES) * frame], sample_rate)
+        if voiced[start - low : end - low].sum() < max(MIN_VOICED_FRAMES, MIN_VOICED_SHARE * (end - start)):
             out[start:end] = False
     return out
 
@@ -153,8 +192,6 @@ MIN_VOICE_FRAMES = 5
 # power over harmonics and formants.
 SINGLE_TONE_HZ = 100.0
 SINGLE_TONE_SHARE = 0.9
-# Frames either side of a run of the mask read with it (voiced_frames looks 1.5 frames ahead).
-VOICE_CONTEXT_FRAMES = 2
 # The spectrum of a 20 ms frame, zero-padded to this many samples (16 Hz bins at 16 kHz).
 SINGLE_TONE_FFT = 1024
 
