@@ -156,3 +156,27 @@ def test_a_text_with_more_characters_than_the_decoder_holds_is_refused_before_it
     assert lengths == []
     fits = decoding.plan_alignment(audio, counted, text="x" * room, alignment_method="characters")
     assert len(fits.windows[0].forced_tokens) == room
+
+
+def test_text_forced_one_character_a_token_keeps_its_words(tokens):
+    """``alignment_method="characters"`` forces "it's" as " i", "t", "'", "s": the apostrophe, a token
+    alone, started a word of its own, so the answer had "'s" and "'m" as words the text does not hold
+    (65 words for the 59 of a spontaneous recording)."""
+    text = "I'm here, it's fine: well-known words."
+    plan = decoding.plan_alignment(noise(32000), tokens, text=text, alignment_method="characters")
+    [window] = plan.windows
+    ids = tokens.encode_characters(" " + text)
+    rows = window.alignment.rows_sent(len(ids))
+    cross_qk = np.random.default_rng(0).standard_normal((1, rows, 100)).astype(np.float32)
+    fetched = [
+        {
+            "key": window.alignment.key,
+            "cross_qk": cross_qk.tobytes(),
+            "shape": list(cross_qk.shape),
+            "tuned_heads": [0],
+            "candidate_heads": [0],
+        }
+    ]
+    output = results.WindowOutput(ids, [-0.1] * len(ids))
+    result = results.finish(plan.decoded([output]), fetched, tokens, plan.info).to_dict()
+    assert [w["word"] for w in result["words"]] == [" " + word for word in text.split()]

@@ -240,7 +240,18 @@ def window_words(
     output = window.output
     text_tokens = output.token_ids[: len(jumps) - 1]
     probs = np.exp(np.asarray(output.token_logprobs[: len(text_tokens)], dtype=np.float64))
-    alignment = word_timings(text_tokens, jumps, probs, tokens.decode_with_special, tokens.eot, language)
+    # A window too short to align has no captured heads: its words are spread evenly, as the tuned
+    # heads would read them.
+    method = method_named(window.alignment.alignment_method) if window.alignment else METHODS["fixed"]
+    alignment = word_timings(
+        text_tokens,
+        jumps,
+        probs,
+        tokens.decode_with_special,
+        tokens.eot,
+        language,
+        at_punctuation=not method.forces_characters,
+    )
     span: dict[str, Any] = {
         "tokens": list(text_tokens),
         "start": window.offset,
@@ -252,9 +263,6 @@ def window_words(
     timed: list[Word] = span["words"]
     samples = window.audio.samples  # read once: a long input's windows may be read back from a file
     speech = speech_frames(samples)
-    # A window too short to align has no captured heads: its words are spread evenly, as the tuned
-    # heads would read them.
-    method = method_named(window.alignment.alignment_method) if window.alignment else METHODS["fixed"]
     snap_to_speech(timed, speech, window.offset, neighbour_sound=method.leaves_words_early)
     if method.refines_boundaries:
         refine_starts(

@@ -99,12 +99,14 @@ def split_tokens_on_unicode(tokens: Sequence[int], decode: Decode) -> tuple[list
 
 
 def split_tokens_on_spaces(
-    tokens: Sequence[int], decode: Decode, eot: int
+    tokens: Sequence[int], decode: Decode, eot: int, at_punctuation: bool = True
 ) -> tuple[list[str], list[list[int]]]:
     """Words start at a space, a punctuation mark or a special token.
 
     ``Tokenizer.split_tokens_on_spaces``: the unicode pieces, each glued to the previous word
-    unless it starts one.
+    unless it starts one. Without ``at_punctuation`` a punctuation mark does not start a word: text
+    forced one character per token, where the apostrophe of "it's" is a token of its own and would
+    make "'s" a word of its own (a token of text does not hold a mark alone inside a word).
     """
     subwords, subword_tokens_list = split_tokens_on_unicode(tokens, decode)
     words: list[str] = []
@@ -113,7 +115,7 @@ def split_tokens_on_spaces(
     for subword, subword_tokens in zip(subwords, subword_tokens_list, strict=True):
         special = subword_tokens[0] >= eot
         with_space = subword.startswith(" ")
-        punctuation = subword.strip() in string.punctuation
+        punctuation = at_punctuation and subword.strip() in string.punctuation
         if special or with_space or punctuation or len(words) == 0:
             words.append(subword)
             word_tokens.append(subword_tokens)
@@ -125,12 +127,13 @@ def split_tokens_on_spaces(
 
 
 def split_to_word_tokens(
-    tokens: Sequence[int], decode: Decode, eot: int, language: str | None
+    tokens: Sequence[int], decode: Decode, eot: int, language: str | None, at_punctuation: bool = True
 ) -> tuple[list[str], list[list[int]]]:
-    """Words and the tokens of each, as ``Tokenizer.split_to_word_tokens`` for ``language``."""
+    """Words and the tokens of each, as ``Tokenizer.split_to_word_tokens`` for ``language``
+    (``at_punctuation``: :func:`split_tokens_on_spaces`)."""
     if language in UNSPACED_LANGUAGES:
         return split_tokens_on_unicode(tokens, decode)
-    return split_tokens_on_spaces(tokens, decode, eot)
+    return split_tokens_on_spaces(tokens, decode, eot, at_punctuation)
 
 
 def word_timings(
@@ -140,6 +143,7 @@ def word_timings(
     decode: Decode,
     eot: int,
     language: str | None,
+    at_punctuation: bool = True,
 ) -> list[Word]:
     """Words of ``text_tokens`` with the start/end of each and its mean token probability.
 
@@ -149,9 +153,12 @@ def word_timings(
     token or eot (the no-timestamps position predicts the first text token), so entry k belongs
     to token k of ``text_tokens + [eot]``. A word spans from its first token's time to the next
     word's. ``token_probs``: probability of each text token. Times are relative to the aligned
-    audio; an empty list when there is no text word.
+    audio; an empty list when there is no text word. ``at_punctuation``: as
+    :func:`split_tokens_on_spaces` (False for text forced one character per token).
     """
-    words, word_tokens = split_to_word_tokens(list(text_tokens) + [eot], decode, eot, language)
+    words, word_tokens = split_to_word_tokens(
+        list(text_tokens) + [eot], decode, eot, language, at_punctuation
+    )
     if len(word_tokens) <= 1:  # eot alone
         return []
     word_boundaries = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
