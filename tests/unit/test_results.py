@@ -26,10 +26,10 @@ def noise(num_samples: int) -> np.ndarray:
     return (0.1 * np.random.default_rng(num_samples).standard_normal(num_samples)).astype(np.float32)
 
 
-def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None) -> dict:
-    """The result for `plan` had the engine said TEXT in its one window (and the worker
-    returned no attention, or `cross_qk` as its answer for the window)."""
-    text_ids = tokens.encode(TEXT)
+def answered(plan: decoding.Plan, tokens: WhisperTokens, cross_qk=None, text_ids=None) -> dict:
+    """The result for `plan` had the engine said TEXT (or `text_ids`) in its one window (and the
+    worker returned no attention, or `cross_qk` as its answer for the window)."""
+    text_ids = tokens.encode(TEXT) if text_ids is None else text_ids
     output = results.WindowOutput(text_ids, [-0.1] * len(text_ids))
     fetched = []
     if cross_qk is not None:
@@ -168,15 +168,5 @@ def test_text_forced_one_character_a_token_keeps_its_words(tokens):
     ids = tokens.encode_characters(" " + text)
     rows = window.alignment.rows_sent(len(ids))
     cross_qk = np.random.default_rng(0).standard_normal((1, rows, 100)).astype(np.float32)
-    fetched = [
-        {
-            "key": window.alignment.key,
-            "cross_qk": cross_qk.tobytes(),
-            "shape": list(cross_qk.shape),
-            "tuned_heads": [0],
-            "candidate_heads": [0],
-        }
-    ]
-    output = results.WindowOutput(ids, [-0.1] * len(ids))
-    result = results.finish(plan.decoded([output]), fetched, tokens, plan.info).to_dict()
+    result = answered(plan, tokens, cross_qk=cross_qk, text_ids=ids)
     assert [w["word"] for w in result["words"]] == [" " + word for word in text.split()]
