@@ -46,26 +46,29 @@ MIN_SILENCE_SECONDS = 0.1
 TAIL_ABOVE_NOISE_DB = 6.0
 
 
-def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Mean power in dB per 20 ms frame (the last frame zero-padded)."""
+def _frame_rows(samples: np.ndarray, sample_rate: int) -> np.ndarray:
+    """``samples`` as rows of 20 ms (float64; the last frame zero-padded)."""
     frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
     num_frames = -(-len(samples) // frame_length)
     padded = np.zeros(num_frames * frame_length, dtype=np.float64)
     padded[: len(samples)] = samples
-    frames = padded.reshape(num_frames, frame_length)
+    return padded.reshape(num_frames, frame_length)
+
+
+def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Mean power in dB per 20 ms frame (the last frame zero-padded)."""
+    frames = _frame_rows(samples, sample_rate)
     # einsum: the same sums as np.mean(frames ** 2), 15x faster (no squared copy, 0.7 ms per 30 s)
-    power = np.einsum("ij,ij->i", frames, frames) / frame_length
+    power = np.einsum("ij,ij->i", frames, frames) / frames.shape[1]
     return 10 * np.log10(power + 1e-12)
 
 
 def voice_band_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
     """Power in dB per 20 ms frame within VOICE_BAND_HZ (Hann-windowed, the last frame zero-padded): the
     same frames as :func:`frame_levels_db`."""
-    frame_length = int(SPEECH_FRAME_SECONDS * sample_rate)
-    num_frames = -(-len(samples) // frame_length)
-    padded = np.zeros(num_frames * frame_length, dtype=np.float64)
-    padded[: len(samples)] = samples
-    frames = padded.reshape(num_frames, frame_length) * np.hanning(frame_length)
+    frames = _frame_rows(samples, sample_rate)
+    frame_length = frames.shape[1]
+    frames = frames * np.hanning(frame_length)
     power = np.abs(np.fft.rfft(frames, VOICE_BAND_FFT, axis=1)) ** 2
     frequencies = np.fft.rfftfreq(VOICE_BAND_FFT, 1 / sample_rate)
     band = (frequencies >= VOICE_BAND_HZ[0]) & (frequencies < VOICE_BAND_HZ[1])
