@@ -351,6 +351,63 @@ def test_a_decodes_last_word_waits_until_a_decode_hears_past_it():
     assert texts(agreement.confirm([word(" sister.", 0.9, 1.4)], heard_until=2.5)) == ["sister."]
 
 
+def test_a_word_the_newer_decode_did_not_reach_waits_where_the_audio_holds_speech():
+    """A decode heard "the worm mat."; the next wrote "the worm." and ended, neither agreeing on
+    "mat." nor reading anything else there. Where the audio holds speech the word waits for the next
+    decode (and the stream's end confirms it); a word written into silence ("Thank you.") goes, and so
+    do one the newer decode went past and all where the newer decode wrote nothing."""
+    heard = [word(" the", 3.3, 3.6), word(" worm", 3.78, 4.28)]
+    for last, spoken, kept in ((" mat.", True, ["mat."]), (" Thank you.", False, [])):
+        agreement = Agreement()
+        agreement.confirm([*heard, word(last, 4.62, 4.86)])
+        assert texts(
+            agreement.confirm([*heard[:1], word(" worm.", 3.78, 4.28)], spoken=lambda w, s=spoken: s)
+        ) == ["the", "worm."]
+        assert texts(agreement.confirm_tail()) == kept
+    agreement = Agreement()
+    agreement.confirm([*heard, word(" mat.", 4.62, 4.86)])
+    agreement.confirm([*heard, word(" met", 4.5, 4.9)], heard_until=5.0, spoken=lambda w: True)
+    assert texts(agreement.tail) == ["met"]
+    # A decode that wrote nothing heard nothing it could read: the words before it go.
+    agreement = Agreement()
+    agreement.confirm([word(" Addy.", 0.9, 1.5)])
+    agreement.confirm([], spoken=lambda w: True)
+    assert agreement.tail == []
+
+
+def test_a_streams_last_word_is_kept_when_its_last_decode_ends_before_it():
+    """Spoken audio (espeak) streamed through the buffer, decoded by a stand-in that hears every word
+    inside what it is given but, once the audio has ended, stops before the last one (as tiny.en did
+    at the end of "the cat sat on the warm mat": "the worm." then no more): the last word is confirmed
+    from the decodes before. The same decoder writing "Thank you." into the silence after the speech,
+    once, leaves no such word."""
+    from tests.support.speech import synthesize_words
+
+    def decoder(truth: list[Word], buffer: RollingBuffer, ends_early: bool, invented: Word | None):
+        decodes = []  # the one decode that invented a word
+
+        def decode(d: live_buffer.Decode) -> list[Word]:
+            end = d.offset + len(d.samples) / SAMPLE_RATE
+            words = [w for w in truth if w.end <= end]
+            if buffer.ended and not buffer.arrived and ends_early:
+                words = words[:-1]
+            if invented is not None and not decodes and invented.end <= end:
+                words.append(invented)
+                decodes.append(words)
+            return [replace(w, start=w.start - d.offset, end=w.end - d.offset) for w in words]
+
+        return decode
+
+    # The last word ends 0.5 s before the audio: no decode before the last heard far enough past it.
+    for tail_s, ends_early, invents in ((0.5, True, False), (1.5, False, True)):
+        clip = synthesize_words(["the", "warm", "mat"], gap_s=0.3, tail_s=tail_s)
+        truth = [word(f" {w}", s, e) for w, s, e in zip(clip.words, clip.starts, clip.ends, strict=True)]
+        invented = word(" Thank you.", clip.ends[-1] + 0.3, clip.ends[-1] + 1.0) if invents else None
+        buffer = RollingBuffer()
+        confirmed, _ = stream(clip.samples, decoder(truth, buffer, ends_early, invented), 0.1, buffer)
+        assert texts(confirmed) == ["the", "warm", "mat"]
+
+
 def test_a_decode_not_believed_leaves_the_words_the_next_one_is_compared_with():
     """A looped decode (``take(..., None)``) confirms nothing and wipes nothing: the decode after it
     confirms what it and the decode before the loop agree on."""

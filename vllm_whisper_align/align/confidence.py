@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.audio.features import speech_share
 
 # What the confidence predicts: the word's start within this of the truth.
 GOOD_WITHIN_S = 0.1
@@ -75,12 +76,12 @@ def word_evidence(
             np.log(max(word.probability, MIN_PROBABILITY)),
             max(window_logprob, np.log(MIN_PROBABILITY)),
             _attention_peak(matrix, jumps, token_rows),
-            _speech_share(speech, word.start - offset, word.end - offset),
+            speech_share(speech, word.start - offset, word.end - offset),
             float(has_voice),
             float(duration < FRAME_S / 2),
             float(forced),
             min(abs(word.start - offset - float(jumps[min(token_rows.start, len(jumps) - 1)])), 0.5),
-            1.0 - _speech_share(speech, word.start - offset - PAUSE_LOOK_S, word.start - offset),
+            1.0 - speech_share(speech, word.start - offset - PAUSE_LOOK_S, word.start - offset),
         )
     return rows
 
@@ -123,13 +124,3 @@ def _attention_peak(matrix: np.ndarray | None, jumps: np.ndarray, token_rows: ra
             continue
         gaps.append(float(np.nanmax(span) - np.nanmax(values)) if np.isfinite(span).any() else -10.0)
     return float(np.mean(gaps)) if gaps else 0.0
-
-
-def _speech_share(speech: np.ndarray, start: float, end: float) -> float:
-    """Share of the 20 ms frames of [start, end) (window time; a zero-length word: its frame) that the
-    speech mask holds."""
-    if len(speech) == 0:
-        return 0.0
-    first = int(np.clip(np.floor(start / FRAME_S), 0, len(speech) - 1))
-    last = int(np.clip(np.ceil(end / FRAME_S), first + 1, len(speech)))
-    return float(np.mean(speech[first:last]))

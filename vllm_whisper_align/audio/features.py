@@ -98,6 +98,16 @@ def speech_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.nda
     return _without_unvoiced_runs(speech, samples, sample_rate)
 
 
+def speech_share(speech: np.ndarray, start: float, end: float) -> float:
+    """Share of the 20 ms frames of [start, end) (seconds into the audio of ``speech``, a
+    :func:`speech_frames` mask; a zero-length span: its frame) that the mask holds."""
+    if len(speech) == 0:
+        return 0.0
+    first = int(np.clip(np.floor(start / SPEECH_FRAME_SECONDS), 0, len(speech) - 1))
+    last = int(np.clip(np.ceil(end / SPEECH_FRAME_SECONDS), first + 1, len(speech)))
+    return float(np.mean(speech[first:last]))
+
+
 # Sound is speech only where a voice is in it: a breath, a click, a bump of room tone or a door is not,
 # and every word holds a voiced sound (a vowel, a nasal, a voiced consonant). A run of sound shorter than
 # MIN_SPEECH_SECONDS is no word at all; one up to VOICE_CHECK_MAX_SECONDS long needs MIN_VOICED_FRAMES

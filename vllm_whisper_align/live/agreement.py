@@ -11,12 +11,14 @@ confirmed too (:meth:`Agreement._skips`). A decode's words up to the last confir
 that word again at its place, belong to text already confirmed (else those that start before that word
 ended), and a decode that repeats the last confirmed words at its start (the buffer still holds their
 audio) has the repetition dropped. A decode's last word waits until a decode has heard a little past it.
+A word the previous decode heard past where the newer one's text ended, on audio that holds speech,
+stays in the tail (:meth:`Agreement._unanswered`): the newer decode neither agreed nor disagreed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from vllm_whisper_align.align.words import Word, normalise
@@ -58,9 +60,15 @@ class Agreement:
     in_buffer: list[Word] = field(default_factory=list)
     confirmed_end: float = 0.0
 
-    def confirm(self, words: Sequence[Word], heard_until: float = math.inf) -> list[Word]:
+    def confirm(
+        self,
+        words: Sequence[Word],
+        heard_until: float = math.inf,
+        spoken: Callable[[Word], bool] | None = None,
+    ) -> list[Word]:
         """The words of a new decode (which heard the stream up to ``heard_until``) that it and the
-        previous one agree on, confirmed now; its last word waits if the decode ends right after it."""
+        previous one agree on, confirmed now; its last word waits if the decode ends right after it.
+        ``spoken`` says whether the audio holds speech where a word lies (:meth:`_unanswered`)."""
         new = self._new_words(words)
         held = 1 if new and heard_until - new[-1].end < LAST_WORD_HEARD_AFTER_S else 0
         confirmed: list[Word] = []
@@ -74,9 +82,22 @@ class Agreement:
                 confirmed.append(new.pop(0))
             else:
                 break
-        self.tail = new
+        self.tail = new + self._unanswered(words, spoken)
         self._take(confirmed)
         return confirmed
+
+    def _unanswered(self, words: Sequence[Word], spoken: Callable[[Word], bool] | None) -> list[Word]:
+        """The previous decode's unconfirmed words that start after the new decode's last word ends,
+        where ``spoken`` says the audio holds speech: kept for the next decode to agree with. The new
+        decode wrote nothing there, neither the word nor another: Whisper now and then ends a decode
+        before the last words it heard the step before ("the worm." where the decode before heard "the
+        worm mat."), and where the stream's last decode did so the word was lost. Words the previous
+        decode wrote into silence ("Thank you.") go, as before, and so do all its words where the new
+        decode wrote none: that one heard no speech it could read (on a stream's first second, the
+        previous decode's "Addy." for a cut-off "Had he")."""
+        if spoken is None or not words:
+            return []
+        return [word for word in self.tail if word.start >= words[-1].end and spoken(word)]
 
     @staticmethod
     def _reread(new: list[Word], tail: list[Word]) -> bool:

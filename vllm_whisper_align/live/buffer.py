@@ -16,13 +16,14 @@ latest decode heard them (:meth:`RollingBuffer._make_room`).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from vllm_whisper_align.align.results import SEGMENT_PAUSE_S
 from vllm_whisper_align.align.words import SENTENCE_END_MARKS, Word, round_time
+from vllm_whisper_align.audio.features import speech_frames, speech_share
 from vllm_whisper_align.audio.pcm import pcm16_to_float
 from vllm_whisper_align.constants import CHUNK_SECONDS, SAMPLE_RATE
 from vllm_whisper_align.live.agreement import Agreement
@@ -56,6 +57,9 @@ PROMPT_CHARS = 200
 # end, a decode goes on from where an earlier, shorter decode stopped writing, and Whisper then ended
 # after a forced "was." with speech still to come, or read the next words otherwise (docs/streaming.md).
 PREFIX_REREAD_WORDS = 2
+# A word the latest decode did not write, past its text's end, stays unconfirmed for the next decode
+# where at least this share of its span is speech (``Agreement._unanswered``).
+UNANSWERED_MIN_SPEECH_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -155,7 +159,8 @@ class RollingBuffer:
             # A prefixed decode's first words are its prefix's: confirmed words said again, which
             # confirm() drops as it does any decode's.
             heard = [_shifted(word, decode.offset) for word in words]
-            confirmed = self.agreement.confirm(heard, decode.offset + len(decode.samples) / SAMPLE_RATE)
+            heard_until = decode.offset + len(decode.samples) / SAMPLE_RATE
+            confirmed = self.agreement.confirm(heard, heard_until, _spoken_in(decode))
         if self.seconds > TRIM_AFTER_S:
             cut = self._sentence_cut()
             if cut is not None:
@@ -262,6 +267,20 @@ class Arrived:
             num_samples -= len(chunk)
             self.samples -= len(chunk)
         return np.concatenate(taken) if taken else np.zeros(0, dtype=np.float32)
+
+
+def _spoken_in(decode: Decode) -> Callable[[Word], bool]:
+    """Whether ``decode``'s audio holds speech over most of a word (stream times); the speech mask is
+    computed once, on the first question."""
+    speech: list[np.ndarray] = []
+
+    def spoken(word: Word) -> bool:
+        if not speech:
+            speech.append(speech_frames(decode.samples))
+        share = speech_share(speech[0], word.start - decode.offset, word.end - decode.offset)
+        return share >= UNANSWERED_MIN_SPEECH_SHARE
+
+    return spoken
 
 
 def _shifted(word: Word, seconds: float) -> Word:
