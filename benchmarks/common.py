@@ -21,6 +21,25 @@ import numpy as np
 SAMPLE_RATE = 16000
 
 
+# The instruction-set extensions that decide which dtype is fast on a CPU (bfloat16 wants avx512_bf16,
+# and runs fastest with amx_bf16); every figure names its CPU by them.
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
+def cpu_description() -> str:
+    """The CPU as /proc/cpuinfo names it, and which of SIMD_FLAGS it lists ("AMD EPYC ..., SIMD:
+    avx2/avx512f/avx512_bf16"): CPUs with the same flags differ (an AMD Zen 4 and an Intel Xeon with
+    AMX both list avx512_bf16)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return f"{platform.processor() or 'unknown CPU'}, SIMD: unknown"
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    simd = [flag for flag in SIMD_FLAGS if flag in flags]
+    return f"{model or 'unknown CPU'}, SIMD: {'/'.join(simd) or 'none listed'}"
+
+
 def load_wav(path: str | os.PathLike) -> np.ndarray:
     """16 kHz mono PCM16 wav (what audio.py writes) -> float32 in [-1, 1]."""
     with wave.open(str(path), "rb") as f:

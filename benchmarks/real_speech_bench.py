@@ -46,6 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))  # tests.support: the pairing the tests use
 
 import envs  # noqa: E402
+from common import cpu_description  # noqa: E402
 from metrics import normalise  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
@@ -663,16 +664,7 @@ def moved_summary(dtw: np.ndarray, final: np.ndarray, chosen: np.ndarray) -> str
 
 
 def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    bf16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    return f"{cpu}, {os.cpu_count()} CPUs, avx512_bf16 {'yes' if bf16 else 'no'}, {platform.platform()}"
+    return f"{cpu_description()}, {os.cpu_count()} CPUs, {platform.platform()}"
 
 
 def git_commit() -> str:

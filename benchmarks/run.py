@@ -49,6 +49,7 @@ import envs  # noqa: E402
 import longform_hours  # noqa: E402
 import longform_report  # noqa: E402
 import metrics  # noqa: E402
+from common import cpu_description  # noqa: E402
 from runners import vllm_layouts_run  # noqa: E402
 
 SYSTEMS = ["openai-whisper", "faster-whisper", "transformers", "offline", "http"]  # transcribing the clips
@@ -404,16 +405,6 @@ def row_label(row: dict) -> str:
 
 
 def machine_info() -> str:
-    cpu = "unknown CPU"
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu == "unknown CPU":
-                cpu = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and not flags:
-                flags = line
-    except OSError:
-        pass
     mem = ""
     try:
         meminfo = Path("/proc/meminfo").read_text().splitlines()
@@ -421,12 +412,10 @@ def machine_info() -> str:
         mem = f", {kib / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration, ValueError):
         pass
-    simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    bf16 = f", SIMD: {'/'.join(simd) or 'none listed'}" + (
-        "" if "avx512_bf16" in flags else " (no native bf16)"
-    )
+    cpu = cpu_description()
+    bf16 = "" if "avx512_bf16" in cpu else " (no native bf16)"
     return (
-        f"{cpu}, {os.cpu_count()} CPUs{bf16}{mem}, {platform.system()} {platform.release()}, "
+        f"{cpu}{bf16}, {os.cpu_count()} CPUs{mem}, {platform.system()} {platform.release()}, "
         f"Python {platform.python_version()}"
     )
 

@@ -56,7 +56,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(HERE / "runners"))
-from common import DEFAULT_VARIANT  # noqa: E402
+from common import DEFAULT_VARIANT, cpu_description  # noqa: E402
 from vllm_http_run import engine_dtype, free_port, start_server, stop_server, wait_healthy  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
@@ -316,8 +316,7 @@ def run_facts(script: str, dtype: str) -> dict:
 
 
 def cpu() -> str:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "Zen 4 with AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
+    return cpu_description()
 
 
 def report(result: dict) -> str:

@@ -270,7 +270,7 @@ class Arrived:
 
 
 def _spoken_in(decode: Decode) -> Callable[[Word], bool]:
-    """Whether ``decode``'s audio holds speech over most of a word (stream times); the speech mask is
+    """Whether ``decode``'s audio holds speech over half a word or more (stream times); the speech mask is
     computed once, on the first question."""
     speech: list[np.ndarray] = []
 
