@@ -354,8 +354,8 @@ def test_a_decodes_last_word_waits_until_a_decode_hears_past_it():
 def test_a_word_the_newer_decode_did_not_reach_waits_where_the_audio_holds_speech():
     """A decode heard "the worm mat."; the next wrote "the worm." and ended, neither agreeing on
     "mat." nor reading anything else there. Where the audio holds speech the word waits for the next
-    decode (and the stream's end confirms it); a word written into silence ("Thank you.") goes, and so
-    do one the newer decode went past and all where the newer decode wrote nothing."""
+    decode (and the stream's end confirms it); a word written into silence ("Thank you.") goes, as do
+    a word the newer decode went past and every word before a decode that wrote none."""
     heard = [word(" the", 3.3, 3.6), word(" worm", 3.78, 4.28)]
     for last, spoken, kept in ((" mat.", True, ["mat."]), (" Thank you.", False, [])):
         agreement = Agreement()
