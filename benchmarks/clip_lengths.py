@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "runners"))
 import envs  # noqa: E402
 from audio import ALIGN_MIN_SECONDS, make_continuous, recording  # noqa: E402
-from streaming_bench import cpu  # noqa: E402
+from common import cpu_description  # noqa: E402
 from vllm_http_run import (  # noqa: E402
     capture_stats,
     free_port,
@@ -347,7 +347,7 @@ def main() -> None:
         servers["packed"] = ("--additional-config", json.dumps({"whisper_align": {"pack_alignments": True}}))
     result = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": cpu(),
+        "cpu": cpu_description(),
         "python": platform.python_version(),
         "clients": args.clients,
         "rounds": args.rounds,

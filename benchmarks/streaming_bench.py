@@ -308,15 +308,11 @@ def run_facts(script: str, dtype: str) -> dict:
         "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": f"flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/{script} "
         + shlex.join(sys.argv[1:]),
-        "cpu": cpu(),
+        "cpu": cpu_description(),
         "cores": len(os.sched_getaffinity(0)),
         "dtype": dtype,
         "python": platform.python_version(),
     }
-
-
-def cpu() -> str:
-    return cpu_description()
 
 
 def report(result: dict) -> str:
