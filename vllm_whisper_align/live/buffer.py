@@ -15,6 +15,7 @@ latest decode heard them (:meth:`RollingBuffer._make_room`).
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -271,13 +272,11 @@ class Arrived:
 
 def _spoken_in(decode: Decode) -> Callable[[Word], bool]:
     """Whether ``decode``'s audio holds speech over half a word or more (stream times); the speech mask is
-    computed once, on the first question."""
-    speech: list[np.ndarray] = []
+    computed once, on the first question (most decodes ask none)."""
+    speech = functools.cache(lambda: speech_frames(decode.samples))
 
     def spoken(word: Word) -> bool:
-        if not speech:
-            speech.append(speech_frames(decode.samples))
-        share = speech_share(speech[0], word.start - decode.offset, word.end - decode.offset)
+        share = speech_share(speech(), word.start - decode.offset, word.end - decode.offset)
         return share >= UNANSWERED_MIN_SPEECH_SHARE
 
     return spoken
