@@ -5,6 +5,7 @@ import pytest
 
 from tests.support.speech import synthesize_words
 from vllm_whisper_align.align.boundaries import (
+    CODA_GAP_S,
     SPAN_EDGE_FRAMES,
     extend_ends,
     extend_starts,
@@ -85,6 +86,45 @@ def test_neighbour_sound_a_frame_or_two_into_the_span_still_belongs_to_the_word_
         snap_to_speech([word], speech, 0.0, neighbour_sound=True)
         expected = 0.6 if lead <= SPAN_EDGE_FRAMES else round(0.2 + lead * 0.02, 2)
         assert word.start == expected, lead
+
+
+def _coda_then_pause(closure_frames: int) -> np.ndarray:
+    """ "doc" 0.2-0.4 s, a closure, "tor" from after it to 0.9 s, a pause, the next word 1.2-1.6 s."""
+    return np.array(
+        [0] * 10 + [1] * 10 + [0] * closure_frames + [1] * (25 - closure_frames) + [0] * 15 + [1] * 20,
+        dtype=bool,
+    )
+
+
+def test_a_words_last_sound_both_neighbours_disown_goes_to_the_word():
+    """DTW ends "doctor" inside its "tor" (0.8 s), so the end rule takes "tor" for the next word's head;
+    the next word's span begins in it too, and "tor" is followed by a pause, so its start rule takes
+    "tor" for the tail of the word before. "tor" was then no word's, and "doctor" ended at "doc"."""
+    for closure in (5, 7, int(round(CODA_GAP_S / 0.02))):
+        speech = _coda_then_pause(closure)
+        words = [Word(0.1, 0.8, " doctor", 1.0, [1]), Word(0.8, 1.6, " asked", 1.0, [2])]
+        snap_to_speech(words, speech, 0.0, neighbour_sound=True)
+        assert (words[0].start, words[0].end) == (0.2, 0.9), closure
+        assert (words[1].start, words[1].end) == (1.2, 1.6), closure
+
+
+def test_sound_far_from_the_word_before_stays_no_words():
+    """Sound a longer silence away is a word Whisper did not write: the word before does not run on over
+    it."""
+    speech = _coda_then_pause(int(round(CODA_GAP_S / 0.02)) + 1)
+    words = [Word(0.1, 0.8, " doctor", 1.0, [1]), Word(0.8, 1.6, " asked", 1.0, [2])]
+    snap_to_speech(words, speech, 0.0, neighbour_sound=True)
+    assert words[0].end == 0.4
+    assert words[1].start == 1.2
+
+
+def test_sound_that_runs_on_into_the_next_word_stays_the_next_words():
+    """Where the sound goes on without a silence into the next word (whose span begins inside it), it is
+    that word's head, as the end rule said: the word before does not take it."""
+    speech = np.array([0] * 10 + [1] * 10 + [0] * 7 + [1] * 33 + [0] * 10, dtype=bool)
+    words = [Word(0.1, 0.8, " the", 1.0, [1]), Word(0.8, 1.2, " children", 1.0, [2])]
+    snap_to_speech(words, speech, 0.0, neighbour_sound=True)
+    assert (words[0].end, words[1].start) == (0.4, 0.8)
 
 
 def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:

@@ -30,6 +30,11 @@ FALL_WEIGHT = 2.0
 # snap_to_speech: the first sound in a word's span belongs to the word before when it begins this many
 # frames or fewer from the span's start (DTW's own edge is a frame or two off where that sound begins).
 SPAN_EDGE_FRAMES = 2
+# A word's last sound that snap_to_speech took for the next word's head, and that the next word, starting
+# after a silence, took for this word's tail, is this word's when at most this long a silence parts it
+# from the rest of the word (a stop's closure: "doc-tor", "kitch-en"); further off it is a word Whisper
+# did not write, and stays no word's.
+CODA_GAP_S = 0.2
 # extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
 TAIL_MAX_S = 0.15
 # extend_starts: how far (s) a start after a pause may run back through the word's quiet head (an /h/,
@@ -54,12 +59,14 @@ def snap_to_speech(
     soon as a word's sound ends, so a word's span can begin in the tail of the word before it and
     end in the head of the word after it. Then sound at the start of a span (within SPAN_EDGE_FRAMES)
     that is followed by a silence belongs to the previous word (the word starts after that silence),
-    and likewise at the end. Without it the word is simply trimmed to the sound it covers.
+    and likewise at the end; sound that both neighbours so disown goes to the word before
+    (:func:`_claim_dropped_codas`). Without it the word is simply trimmed to the sound it covers.
     """
 
     def frame(seconds: float) -> int:
         return int(round((seconds - offset) / frame_seconds))
 
+    spans = [(word.start, word.end) for word in words]
     for word in words:
         first, last = frame(word.start), frame(word.end)  # [first, last) frames of the word
         if not 0 <= first < last <= len(speech) or speech[first:last].all():
@@ -78,6 +85,34 @@ def snap_to_speech(
                 end_run = start_run
         word.start = round_time(offset + (first + start_run[0]) * frame_seconds)
         word.end = round_time(offset + (first + end_run[1]) * frame_seconds)
+    if neighbour_sound:
+        _claim_dropped_codas(words, spans, speech, offset, frame_seconds)
+
+
+def _claim_dropped_codas(
+    words: list[Word],
+    spans: list[tuple[float, float]],
+    speech: np.ndarray,
+    offset: float,
+    frame_seconds: float,
+) -> None:
+    """Give a word back the sound between it and the next word that both disowned: sound that begins
+    inside the word's span (``spans``: before snapping) within ``CODA_GAP_S`` of its end, and ends in a
+    silence before the next word. The end rule took it for the next word's head, the next word's start
+    rule for this word's tail. In place."""
+    max_gap = int(round(CODA_GAP_S / frame_seconds))
+    for word, following, (_, span_end) in zip(words, words[1:], spans, strict=False):
+        end = int(round((word.end - offset) / frame_seconds))
+        start = int(round((following.start - offset) / frame_seconds))
+        if not 0 <= end < start <= len(speech):
+            continue
+        runs = true_runs(speech[end:start])
+        if not len(runs[0]):
+            continue
+        run_start, run_end = end + int(runs[0][0]), end + int(runs[1][0])
+        parted = run_end < start  # a silence before the next word: not the next word's own sound
+        if parted and run_start - end <= max_gap and offset + run_start * frame_seconds < span_end:
+            word.end = round_time(offset + run_end * frame_seconds)
 
 
 def extend_starts(
