@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from vllm_whisper_align.align import timing
+from vllm_whisper_align.align import results, timing
 from vllm_whisper_align.engine.heads import AlignmentHeads, captured_heads, upper_half_heads
+from vllm_whisper_align.protocol import AlignmentParams
 
 TINY_EN = ((1, 0), (2, 0), (2, 5), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4))
 BASE = ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6))
@@ -70,3 +71,17 @@ def test_select_heads_keeps_the_better_half_of_the_candidates():
     scores = np.array([9.0, 1.0, 8.0, 2.0, 7.0, 3.0, 100.0])
     assert timing.select_heads(scores, candidates=[0, 1, 2, 3, 4, 5]) == [0, 2, 4]  # index 6 is no candidate
     assert timing.select_heads(scores, candidates=[1]) == [1]
+
+
+def test_select_heads_takes_no_more_than_the_tuned_heads_number():
+    scores = np.arange(24, dtype=np.float64)  # head i scores i
+    assert timing.select_heads(scores, range(24), at_most=8) == list(range(16, 24))  # base: 8 of 24
+    assert timing.select_heads(scores, range(12), at_most=8) == list(range(6, 12))  # tiny.en: half, 6
+    assert timing.select_heads(scores, range(24), at_most=0) == [23]
+
+
+def test_alignment_heads_of_a_selecting_method_are_at_most_the_tuned_heads_number():
+    qk = np.stack([_attention_logits(8, 100, 500.0 - 10 * head, 0) for head in range(24)])
+    fetched = {"candidate_heads": list(range(24)), "tuned_heads": [3, 9, 10, 11, 13, 14, 20, 22]}
+    heads = results.alignment_heads(qk, 200, AlignmentParams(num_frames=200), fetched)
+    assert len(heads) == 8

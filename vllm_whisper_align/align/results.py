@@ -218,11 +218,11 @@ def captured_qk(fetched: dict | None) -> np.ndarray:
 def alignment_heads(
     text_qk: np.ndarray, num_frames: int, params: AlignmentParams, fetched: dict
 ) -> list[int]:
-    """The heads to align with: the sharpest half of the captured pool on these text rows (a method
-    that selects heads), else the model's tuned heads."""
+    """The heads to align with: the sharpest half of the captured pool on these text rows, as many as the
+    tuned heads at most (a method that selects heads), else the model's tuned heads."""
     if method_named(params.alignment_method).selects_heads:
         scores = timing.head_scores(text_qk, num_frames, params.medfilt_width)
-        return timing.select_heads(scores, fetched["candidate_heads"])
+        return timing.select_heads(scores, fetched["candidate_heads"], at_most=len(fetched["tuned_heads"]))
     return list(fetched["tuned_heads"])
 
 

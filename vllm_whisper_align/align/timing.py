@@ -232,15 +232,19 @@ def head_scores(qk: np.ndarray, num_frames: int, medfilt_width: int = MEDFILT_WI
     return np.linalg.norm(weights, axis=-1).sum(axis=-1) + np.linalg.norm(weights, axis=-2).sum(axis=-1)
 
 
-def select_heads(scores: np.ndarray, candidates: Sequence[int]) -> list[int]:
-    """The better-scoring half of ``candidates`` (indices into ``scores``), in ascending order.
+def select_heads(scores: np.ndarray, candidates: Sequence[int], at_most: int | None = None) -> list[int]:
+    """The better-scoring half of ``candidates`` (indices into ``scores``), but no more than ``at_most``
+    heads (the model's tuned alignment heads: as many as openai-whisper reads), in ascending order.
 
     Half, because on tiny.en's 12 upper-half heads the top 6 aligned best on both continuous speech
-    and speech with pauses (top 4-5 and 7-8 were worse; benchmarks/RESULTS.md).
+    and speech with pauses (top 4-5 and 7-8 were worse; benchmarks/RESULTS.md). At most the tuned
+    heads' number, because on base's 24 the top 12 aligned worst of 6-12, and the top 8, its tuned
+    heads' number, among the best (docs/boundaries.md#how-many-heads-base-2026-12-05).
     """
     candidates = list(candidates)
     ranked = sorted(candidates, key=lambda index: -float(scores[index]))
-    return sorted(ranked[: max(1, len(candidates) // 2)])
+    count = max(1, len(candidates) // 2)
+    return sorted(ranked[: count if at_most is None else max(1, min(count, at_most))])
 
 
 # ---------------------------------------------------------------------------- jump times
