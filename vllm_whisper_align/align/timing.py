@@ -238,8 +238,8 @@ def select_heads(scores: np.ndarray, candidates: Sequence[int], at_most: int | N
 
     Half, because on tiny.en's 12 upper-half heads the top 6 aligned best on both continuous speech
     and speech with pauses (top 4-5 and 7-8 were worse; benchmarks/RESULTS.md). At most the tuned
-    heads' number, because on base's 24 the top 12 aligned worst of 6-12, and the top 8, its tuned
-    heads' number, among the best (docs/boundaries.md#how-many-heads-base-2026-12-05).
+    heads' number, because of base's 24 the top 8 (its tuned heads' number) placed more starts than the
+    top 12 on every replay set but one (docs/boundaries.md#how-many-heads-base-2026-12-05).
     """
     candidates = list(candidates)
     ranked = sorted(candidates, key=lambda index: -float(scores[index]))
