@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/real_speech_bench.py --systems ours-tiny.en,openai-whisper-tiny.en
     .venv/bin/python benchmarks/real_speech_bench.py --report-only         # score the raw outputs again
     .venv/bin/python benchmarks/real_speech_bench.py --set spontaneous     # the spontaneous set instead
+    .venv/bin/python benchmarks/real_speech_bench.py --systems ours-base --methods auto,fixed,characters
 
 Systems (one process each, one after the other; the peers in benchmarks/.venvs, made by envs.py):
 this project's `WhisperAligner(model, dtype="float32")`, `transcribe(..., word_timestamps=True)` and
@@ -136,11 +137,12 @@ def ct2_dir(model: str) -> Path:
     return target
 
 
-def jobs(system: str) -> list[tuple[str, list[str], dict | None]]:
-    """(part, command, environment) of each process `system` runs; a part writes RAW/<part>.json."""
+def jobs(system: str, methods: str) -> list[tuple[str, list[str], dict | None]]:
+    """(part, command, environment) of each process `system` runs (``methods``: this project's alignment
+    methods); a part writes RAW/<part>.json."""
     name, model = split_system(system)
     if name == "ours":
-        command = [sys.executable, __file__, "ours", "--model", model, "--set", SET]
+        command = [sys.executable, __file__, "ours", "--model", model, "--set", SET, "--methods", methods]
         command += ["--out", str(RAW / f"{system}.json")]
         return [(system, command, None)]
     paths = weights(model)
@@ -190,12 +192,12 @@ def split_system(system: str) -> tuple[str, str]:
     return system[: -len(model) - 1], model
 
 
-def run_system(system: str, timeout_s: float) -> bool:
+def run_system(system: str, timeout_s: float, methods: str) -> bool:
     name, _model = split_system(system)
     if name != "ours":
         envs.ensure(name, log=log)  # the peers' venvs are named as the systems
     ok = True
-    for part, command, env in jobs(system):
+    for part, command, env in jobs(system, methods):
         log(f"run {part}: {shlex.join(command)}")
         log_path = OUT / "logs" / f"{part}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,8 +215,9 @@ def run_system(system: str, timeout_s: float) -> bool:
     return ok
 
 
-def run_ours(model: str, out: Path) -> None:
-    """This project on the set: one engine, transcribe and align with each alignment method."""
+def run_ours(model: str, out: Path, methods: list[str]) -> None:
+    """This project on the set: one engine, transcribe and align with each of ``methods`` (``characters``
+    aligns only: it forces the text it is given)."""
     from common import load_wav, run_record, word_dicts, write_output
 
     from vllm_whisper_align import WhisperAligner
@@ -228,8 +231,8 @@ def run_ours(model: str, out: Path) -> None:
     runs = []
     with WhisperAligner(str(path), dtype="float32") as aligner:
         aligner.transcribe(samples[:1], word_timestamps=True, language="en")  # warm-up
-        for method in ("auto", "fixed"):
-            for mode in ("transcribe", "align"):
+        for method in methods:
+            for mode in ("align",) if method == "characters" else ("transcribe", "align"):
                 t0 = time.perf_counter()
                 if mode == "transcribe":
                     results = aligner.transcribe(
@@ -805,10 +808,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--set", default="main", choices=list(SET_FOLDERS))
+    parser.add_argument(
+        "--methods", default="auto,fixed", help="this project's alignment methods: auto, fixed, characters"
+    )
     args = parser.parse_args()
     use_set(args.set)
     if args.what == "ours":
-        run_ours(args.model, args.out)
+        run_ours(args.model, args.out, args.methods.split(","))
         return
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     if not args.report_only:
@@ -820,7 +826,7 @@ def main() -> None:
         joined = real_speech.joined_with_pauses(clips) if SET == "main" else []
         real_speech.export(clips + joined, AUDIO)
         RAW.mkdir(parents=True, exist_ok=True)
-        failed = [s for s in args.systems.split(",") if not run_system(s, args.timeout)]
+        failed = [s for s in args.systems.split(",") if not run_system(s, args.timeout, args.methods)]
         if failed:
             log(f"FAILED: {', '.join(failed)} (see {OUT / 'logs'})")
     report(command)
