@@ -6,8 +6,11 @@ import pytest
 from tests.support.speech import synthesize_words
 from vllm_whisper_align.align.boundaries import (
     CODA_GAP_S,
+    HISS_GAP_FRAMES,
+    HISS_MAX_S,
     SPAN_EDGE_FRAMES,
     extend_ends,
+    extend_ends_through_hiss,
     extend_starts,
     join_ends,
     refine_starts,
@@ -15,7 +18,7 @@ from vllm_whisper_align.align.boundaries import (
     starts_quietly,
 )
 from vllm_whisper_align.align.words import Word
-from vllm_whisper_align.audio.features import SpectralFlux, speech_frames
+from vllm_whisper_align.audio.features import SpectralFlux, hiss_frames, speech_frames
 
 
 def test_speech_mask_marks_words_and_gaps():
@@ -125,6 +128,54 @@ def test_sound_that_runs_on_into_the_next_word_stays_the_next_words():
     words = [Word(0.1, 0.8, " the", 1.0, [1]), Word(0.8, 1.2, " children", 1.0, [2])]
     snap_to_speech(words, speech, 0.0, neighbour_sound=True)
     assert (words[0].end, words[1].start) == (0.4, 0.8)
+
+
+def test_hiss_is_sound_above_the_voice_over_a_floor_of_rumble():
+    """A final /s/ over a recording whose floor is rumble: the band above 3 kHz holds the /s/, and the
+    rumble, however loud, is no hiss."""
+    rng = np.random.default_rng(3)
+    t = np.arange(16000) / 16000
+    rumble = 0.05 * np.sin(2 * np.pi * 60 * t) + 0.002 * rng.standard_normal(16000)
+    s = np.diff(rng.standard_normal(16001)) * 0.02  # white noise differenced: its power rises with frequency
+    audio = rumble.copy()
+    audio[8000:11200] += s[8000:11200]  # 0.5-0.7 s
+    hiss = hiss_frames(audio.astype(np.float32))
+    assert hiss[26:34].all()  # inside the /s/
+    assert not hiss[:24].any() and not hiss[36:].any()
+
+
+def _hiss(*runs: tuple[int, int], length: int = 100) -> np.ndarray:
+    mask = np.zeros(length, dtype=bool)
+    for start, stop in runs:
+        mask[start:stop] = True
+    return mask
+
+
+def test_an_end_runs_on_through_hiss_after_a_closure():
+    """ "corpus": the speech mask ends at "cor" (0.4 s), a closure, then "-pus"'s /s/ as hiss."""
+    for gap in range(HISS_GAP_FRAMES + 1):
+        word = Word(0.1, 0.4, " corpus", 1.0, [1])
+        extend_ends_through_hiss([word], _hiss((20 + gap, 30 + gap)), 0.0)
+        assert word.end == round(0.6 + gap * 0.02, 2), gap
+    word = Word(0.1, 0.4, " corpus", 1.0, [1])
+    extend_ends_through_hiss([word], _hiss((21 + HISS_GAP_FRAMES, 40)), 0.0)
+    assert word.end == 0.4  # a longer silence: the hiss is no part of the word
+
+
+def test_hiss_that_runs_on_into_the_next_word_stays_its_head():
+    """ "was so": hiss up to the next word's start may be that word's /s/, which its start was put after."""
+    words = [Word(0.1, 0.4, " was", 1.0, [1]), Word(0.6, 0.9, " so", 1.0, [2])]
+    extend_ends_through_hiss(words, _hiss((21, 30)), 0.0)
+    assert words[0].end == 0.4
+    words = [Word(0.1, 0.4, " was", 1.0, [1]), Word(0.8, 0.9, " so", 1.0, [2])]
+    extend_ends_through_hiss(words, _hiss((21, 30)), 0.0)  # a silence before the next word
+    assert words[0].end == 0.6
+
+
+def test_an_end_runs_through_hiss_no_further_than_hiss_max_s():
+    word = Word(0.1, 0.4, " yes", 1.0, [1])
+    extend_ends_through_hiss([word], _hiss((20, 90)), 0.0)
+    assert word.end == round(0.4 + HISS_MAX_S, 2)
 
 
 def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:

@@ -37,6 +37,11 @@ SPAN_EDGE_FRAMES = 2
 CODA_GAP_S = 0.2
 # extend_ends: how far (s) an end may run on through a word's quiet tail past the speech mask.
 TAIL_MAX_S = 0.15
+# extend_ends_through_hiss: a word's end runs on through hiss (audio.features.hiss_frames: a final /s/,
+# /z/, /f/, a stop's release) that begins within HISS_GAP_FRAMES of it (a stop's closure) and keeps no
+# longer silence inside, up to HISS_MAX_S past the end. Chosen on the real sets (docs/boundaries.md).
+HISS_GAP_FRAMES = 3
+HISS_MAX_S = 0.3
 # extend_starts: how far (s) a start after a pause may run back through the word's quiet head (an /h/,
 # /s/ or /f/ before the voice) that the speech mask leaves out.
 HEAD_MAX_S = 0.1
@@ -113,6 +118,41 @@ def _claim_dropped_codas(
         parted = run_end < start  # a silence before the next word: not the next word's own sound
         if parted and run_start - end <= max_gap and offset + run_start * frame_seconds < span_end:
             word.end = round_time(offset + run_end * frame_seconds)
+
+
+def extend_ends_through_hiss(
+    words: list[Word], hiss: np.ndarray, offset: float, frame_seconds: float = SPEECH_FRAME_SECONDS
+) -> None:
+    """Move each end on through the hiss that follows it (``hiss``: ``audio.features.hiss_frames``, same
+    frames as the speech mask), in place.
+
+    A word's last sound can be a fricative or a stop's release ("corpus", "words", "that"): power above
+    the voice's band that the speech mask leaves out, often after a closure of silence, so
+    :func:`extend_ends` stops before it (real recordings' ends before a pause: 0.1-0.3 s early). The end
+    runs on through hiss that begins within ``HISS_GAP_FRAMES`` of it, across silences no longer, up to
+    ``HISS_MAX_S``. Not where the hiss runs on into the next word: it may be that word's own head (an /s/
+    the next word's start was placed after).
+    """
+    max_gap = HISS_GAP_FRAMES
+    for index, word in enumerate(words):
+        end = int(round((word.end - offset) / frame_seconds))
+        limit = len(hiss)
+        if index + 1 < len(words):
+            limit = min(limit, int(round((words[index + 1].start - offset) / frame_seconds)))
+        reach = min(limit, end + int(round(HISS_MAX_S / frame_seconds)))
+        if not 0 < end < reach:
+            continue
+        at, gap, last = end, 0, end  # last: one past the last frame of hiss taken
+        while at < reach and gap <= max_gap:
+            if hiss[at]:
+                gap, last = 0, at + 1
+            else:
+                gap += 1
+            at += 1
+        if at >= limit and gap <= max_gap:
+            continue  # the hiss runs on into the next word
+        if last > end:
+            word.end = round_time(offset + last * frame_seconds)
 
 
 def extend_starts(

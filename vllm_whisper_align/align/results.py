@@ -22,6 +22,7 @@ import numpy as np
 from vllm_whisper_align.align import timing
 from vllm_whisper_align.align.boundaries import (
     extend_ends,
+    extend_ends_through_hiss,
     extend_starts,
     join_ends,
     refine_starts,
@@ -37,6 +38,7 @@ from vllm_whisper_align.align.words import (
 )
 from vllm_whisper_align.audio.features import (
     ONSET_FRAME_SECONDS,
+    hiss_frames,
     holds_speech,
     sound_frames,
     spectral_flux,
@@ -270,6 +272,7 @@ def window_words(
         )
         sound = sound_frames(samples)
         extend_ends(timed, speech, window.offset, sound=sound)
+        extend_ends_through_hiss(timed, hiss_frames(samples), window.offset)
         extend_starts(timed, speech, window.offset, sound)
         join_ends(timed, speech, window.offset)
     words = timed

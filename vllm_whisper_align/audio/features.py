@@ -63,16 +63,23 @@ def frame_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.n
     return 10 * np.log10(power + 1e-12)
 
 
-def voice_band_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """Power in dB per 20 ms frame within VOICE_BAND_HZ (Hann-windowed, the last frame zero-padded): the
-    same frames as :func:`frame_levels_db`."""
+def band_levels_db(
+    samples: np.ndarray, band_hz: tuple[float, float], sample_rate: int = SAMPLE_RATE
+) -> np.ndarray:
+    """Power in dB per 20 ms frame within ``band_hz`` [low, high) (Hann-windowed, the last frame
+    zero-padded): the same frames as :func:`frame_levels_db`."""
     frames = _frame_rows(samples, sample_rate)
     frame_length = frames.shape[1]
     frames = frames * np.hanning(frame_length)
     power = np.abs(np.fft.rfft(frames, VOICE_BAND_FFT, axis=1)) ** 2
     frequencies = np.fft.rfftfreq(VOICE_BAND_FFT, 1 / sample_rate)
-    band = (frequencies >= VOICE_BAND_HZ[0]) & (frequencies < VOICE_BAND_HZ[1])
+    band = (frequencies >= band_hz[0]) & (frequencies < band_hz[1])
     return 10 * np.log10(power[:, band].sum(axis=1) / frame_length + 1e-12)
+
+
+def voice_band_levels_db(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Power in dB per 20 ms frame within VOICE_BAND_HZ."""
+    return band_levels_db(samples, VOICE_BAND_HZ, sample_rate)
 
 
 def noise_floor_db(levels_db: np.ndarray) -> float:
@@ -183,6 +190,23 @@ def sound_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndar
     if len(level_db) == 0:
         return np.zeros(0, dtype=bool)
     return level_db > noise_floor_db(level_db) + TAIL_ABOVE_NOISE_DB
+
+
+# A fricative (/s/, /z/, /sh/, /f/) or a stop's release has its power above the voice's band, where room
+# tone and rumble have little: a frame is hiss where its level over HISS_BAND_HZ is this far above that
+# band's noise floor. The speech mask leaves such sound out, and the whole band's level (sound_frames)
+# misses it where the floor is rumble. The band: all above 3 kHz.
+HISS_BAND_HZ = (3000.0, float("inf"))
+HISS_ABOVE_NOISE_DB = 10.0
+
+
+def hiss_frames(samples: np.ndarray, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """Boolean per 20 ms frame: True where the level in HISS_BAND_HZ is HISS_ABOVE_NOISE_DB over that
+    band's noise floor."""
+    level_db = band_levels_db(samples, HISS_BAND_HZ, sample_rate)
+    if len(level_db) == 0:
+        return np.zeros(0, dtype=bool)
+    return level_db > noise_floor_db(level_db) + HISS_ABOVE_NOISE_DB
 
 
 def _fill_short_silences(speech: np.ndarray, min_frames: int) -> np.ndarray:
