@@ -133,26 +133,30 @@ def extend_ends_through_hiss(
     ``HISS_MAX_S``. Not where the hiss runs on into the next word: it may be that word's own head (an /s/
     the next word's start was placed after).
     """
-    max_gap = HISS_GAP_FRAMES
     for index, word in enumerate(words):
         end = int(round((word.end - offset) / frame_seconds))
-        limit = len(hiss)
-        if index + 1 < len(words):
-            limit = min(limit, int(round((words[index + 1].start - offset) / frame_seconds)))
+        limit = _next_start_frame(words, index, offset, frame_seconds, len(hiss))
         reach = min(limit, end + int(round(HISS_MAX_S / frame_seconds)))
         if not 0 < end < reach:
             continue
         at, gap, last = end, 0, end  # last: one past the last frame of hiss taken
-        while at < reach and gap <= max_gap:
+        while at < reach and gap <= HISS_GAP_FRAMES:
             if hiss[at]:
                 gap, last = 0, at + 1
             else:
                 gap += 1
             at += 1
-        if at >= limit and gap <= max_gap:
+        if at >= limit and gap <= HISS_GAP_FRAMES:
             continue  # the hiss runs on into the next word
         if last > end:
             word.end = round_time(offset + last * frame_seconds)
+
+
+def _next_start_frame(words: list[Word], index: int, offset: float, frame_seconds: float, length: int) -> int:
+    """The frame the word after ``words[index]`` starts at, at most ``length`` (after the last word: it)."""
+    if index + 1 == len(words):
+        return length
+    return min(length, int(round((words[index + 1].start - offset) / frame_seconds)))
 
 
 def extend_starts(
@@ -281,9 +285,7 @@ def extend_ends(
     """
     for index, word in enumerate(words):
         end = int(round((word.end - offset) / frame_seconds))
-        limit = len(speech)
-        if index + 1 < len(words):
-            limit = min(limit, int(round((words[index + 1].start - offset) / frame_seconds)))
+        limit = _next_start_frame(words, index, offset, frame_seconds, len(speech))
         if not 0 < end < limit or not speech[end - 1]:
             continue
         quiet = np.flatnonzero(~speech[end:limit])
