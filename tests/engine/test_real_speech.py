@@ -90,3 +90,6 @@ def test_forced_alignment_of_spontaneous_speech(aligner, spontaneous):
     assert np.sum(starts > FAR_OFF_S) <= 3
     assert np.mean(starts <= 0.05) >= 0.47
     assert np.mean(starts <= 0.10) >= 0.68
+    # ends run on through the hiss of a final /s/ or a release: 42.4% within 50 ms, 37.5% without
+    # (docs/boundaries.md#hiss-after-a-words-end-2026-12-05)
+    assert np.mean(ends <= 0.05) >= 0.41
