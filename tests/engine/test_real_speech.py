@@ -88,7 +88,7 @@ def test_forced_alignment_of_spontaneous_speech(aligner, spontaneous):
     # 2026-12-05 with the voice's band as the speech mask: 1, 51.6%, 73.9% (the whole band's level, which
     # took sniffs and breaths in the pauses for speech: 5, 40.8%, 63.6%)
     assert np.sum(starts > FAR_OFF_S) <= 3
-    assert np.mean(starts <= 0.05) >= 0.47
+    assert np.mean(starts <= 0.05) >= 0.52  # 53.8% with starts through hiss; 51.6% without
     assert np.mean(starts <= 0.10) >= 0.68
     # ends run on through the hiss of a final /s/ or a release: 42.4% within 50 ms, 37.5% without
     # (docs/boundaries.md#hiss-after-a-words-end-2026-12-05)

@@ -12,10 +12,12 @@ from vllm_whisper_align.align.boundaries import (
     extend_ends,
     extend_ends_through_hiss,
     extend_starts,
+    extend_starts_through_hiss,
     join_ends,
     refine_starts,
     snap_to_speech,
     starts_quietly,
+    starts_with_hiss,
 )
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.audio.features import SpectralFlux, hiss_frames, speech_frames
@@ -176,6 +178,64 @@ def test_an_end_runs_through_hiss_no_further_than_hiss_max_s():
     word = Word(0.1, 0.4, " yes", 1.0, [1])
     extend_ends_through_hiss([word], _hiss((20, 90)), 0.0)
     assert word.end == round(0.4 + HISS_MAX_S, 2)
+
+
+def test_a_start_runs_back_through_its_hiss():
+    """ "speech": the speech mask starts at the vowel (0.6 s), the /s/ before it is hiss; a short closure
+    (/p/) may part them."""
+    for gap in range(HISS_GAP_FRAMES + 1):
+        words = [Word(0.0, 0.2, " the", 1.0, [1]), Word(0.6, 0.9, " speech", 1.0, [2])]
+        extend_starts_through_hiss(words, _hiss((20 - gap, 30 - gap)), 0.0, "en")
+        assert words[1].start == round(0.4 - gap * 0.02, 2), gap
+    words = [Word(0.0, 0.2, " the", 1.0, [1]), Word(0.6, 0.9, " speech", 1.0, [2])]
+    extend_starts_through_hiss(words, _hiss((20, 29 - HISS_GAP_FRAMES)), 0.0, "en")
+    assert words[1].start == 0.6  # a longer silence: the hiss is no part of the word
+
+
+def test_a_start_takes_hiss_only_for_a_word_spelled_with_a_hiss_first():
+    """A breath in a pause is hiss too: "open" keeps its start; so does a word of another language."""
+    for word, language in ((" open", "en"), (" sopa", "es"), (" so", None)):
+        words = [Word(0.6, 0.9, word, 1.0, [1])]
+        extend_starts_through_hiss(words, _hiss((20, 30)), 0.0, language)
+        assert words[0].start == 0.6, word
+
+
+def test_hiss_that_runs_back_into_the_previous_word_stays_its_coda():
+    """ "was so": hiss back to the previous word's end may be that word's /z/."""
+    words = [Word(0.1, 0.4, " was", 1.0, [1]), Word(0.6, 0.9, " so", 1.0, [2])]
+    extend_starts_through_hiss(words, _hiss((20, 30)), 0.0, "en")
+    assert words[1].start == 0.6
+    words = [Word(0.1, 0.3, " was", 1.0, [1]), Word(0.6, 0.9, " so", 1.0, [2])]
+    extend_starts_through_hiss(words, _hiss((20, 30)), 0.0, "en")  # a silence after the previous word
+    assert words[1].start == 0.4
+
+
+def test_a_start_runs_back_through_hiss_no_further_than_hiss_max_s():
+    words = [Word(1.6, 1.9, " fish", 1.0, [1])]
+    extend_starts_through_hiss(words, _hiss((10, 80)), 0.0, "en")
+    assert words[0].start == round(1.6 - HISS_MAX_S, 2)
+
+
+@pytest.mark.parametrize(
+    ("word", "hiss"),
+    [
+        (" so", True),
+        (" Fish", True),
+        (" think", True),
+        (' "she', True),
+        (" city", True),
+        (" phone", True),
+        (" hat", True),
+        (" zero", True),
+        (" cat", False),
+        (" tea", False),
+        (" open", False),
+        (" we", False),
+    ],
+)
+def test_a_hiss_start_is_read_from_english_spelling(word, hiss):
+    assert starts_with_hiss(word, "en") is hiss
+    assert not starts_with_hiss(word, "de")
 
 
 def _onsets_with_peak_at(seconds: float, length: int = 300) -> np.ndarray:

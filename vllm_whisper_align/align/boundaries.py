@@ -5,6 +5,8 @@ tuned constants live here.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from vllm_whisper_align.align.words import PREPEND_PUNCTUATIONS, Word, round_time
@@ -20,12 +22,13 @@ ONSET_DISTANCE_S = 0.15
 ONSET_AFTER_SOUND_FRAMES = 2
 # A word whose first sound is quieter than the sound before it (a stop's closure, a nasal, /w/) starts
 # where the sound falls, not where new energy rises: its pull is the rise plus FALL_WEIGHT times the fall.
-# Told by the first letter of English spelling, so English only (QUIET_START_LANGUAGES): the same letters
+# Told by the first letter of English spelling, so English only (SPELLING_LANGUAGES): the same letters
 # say other things in other spellings (Spanish "c" before "e" is /s/, German "w" is /v/), and other
 # languages keep the rise alone. On the dev set, stops, nasals and w beat stops alone, every consonant, and
 # stops with liquids; weights 1.5-3 tie.
 QUIET_START_LETTERS = frozenset("bcdgkmnpqtw")
-QUIET_START_LANGUAGES = frozenset({"en"})
+# The languages whose spelling the rules read a word's first sound from.
+SPELLING_LANGUAGES = frozenset({"en"})
 FALL_WEIGHT = 2.0
 # snap_to_speech: the first sound in a word's span belongs to the word before when it begins this many
 # frames or fewer from the span's start (DTW's own edge is a frame or two off where that sound begins).
@@ -42,6 +45,10 @@ TAIL_MAX_S = 0.15
 # longer silence inside, up to HISS_MAX_S past the end. Chosen on the real sets (docs/boundaries.md).
 HISS_GAP_FRAMES = 3
 HISS_MAX_S = 0.3
+# extend_starts_through_hiss, the mirror: an English word spelled with a fricative or /h/ first (these
+# letters, matched at its start; SPELLING_LANGUAGES) starts back through the hiss before it, with the
+# same two constants. Read from the spelling because a breath in a pause is hiss too.
+HISS_START_LETTERS = re.compile(r"[sfzhx]|th|ch|ph|c[eiy]")
 # extend_starts: how far (s) a start after a pause may run back through the word's quiet head (an /h/,
 # /s/ or /f/ before the voice) that the speech mask leaves out.
 HEAD_MAX_S = 0.1
@@ -152,6 +159,49 @@ def extend_ends_through_hiss(
             word.end = round_time(offset + last * frame_seconds)
 
 
+def extend_starts_through_hiss(
+    words: list[Word],
+    hiss: np.ndarray,
+    offset: float,
+    language: str | None,
+    frame_seconds: float = SPEECH_FRAME_SECONDS,
+) -> None:
+    """Move the start of each word that :func:`starts_with_hiss` back through the hiss before it, in
+    place: the mirror of :func:`extend_ends_through_hiss`.
+
+    An /s/, /f/ or /h/ head is power above the voice's band, so ``snap_to_speech`` put the start on the
+    voice after it (spontaneous speech: "speech", "saying" 0.1 s late). The start runs back through hiss
+    that ends within ``HISS_GAP_FRAMES`` of it, across silences no longer, up to ``HISS_MAX_S``. Not where
+    the hiss runs back into the previous word: it may be that word's own coda.
+    """
+    for index, word in enumerate(words):
+        if not starts_with_hiss(word.word, language):
+            continue
+        start = int(round((word.start - offset) / frame_seconds))
+        limit = _previous_end_frame(words, index, offset, frame_seconds)
+        reach = max(limit, start - int(round(HISS_MAX_S / frame_seconds)))
+        if not reach < start <= len(hiss):
+            continue
+        at, gap, first = start - 1, 0, start  # first: the first frame of hiss taken
+        while at >= reach and gap <= HISS_GAP_FRAMES:
+            if hiss[at]:
+                gap, first = 0, at
+            else:
+                gap += 1
+            at -= 1
+        if at < limit and gap <= HISS_GAP_FRAMES:
+            continue  # the hiss runs back into the previous word
+        if first < start:
+            word.start = round_time(offset + first * frame_seconds)
+
+
+def _previous_end_frame(words: list[Word], index: int, offset: float, frame_seconds: float) -> int:
+    """The frame the word before ``words[index]`` ends at, at least 0 (before the first word: 0)."""
+    if index == 0:
+        return 0
+    return max(0, int(round((words[index - 1].end - offset) / frame_seconds)))
+
+
 def _next_start_frame(words: list[Word], index: int, offset: float, frame_seconds: float, length: int) -> int:
     """The frame the word after ``words[index]`` starts at, at most ``length`` (after the last word: it)."""
     if index + 1 == len(words):
@@ -179,7 +229,7 @@ def extend_starts(
         start = int(round((word.start - offset) / frame_seconds))
         if not 0 < start < min(len(speech), len(sound)) or not speech[start] or speech[start - 1]:
             continue  # not a start at the edge of a pause
-        lowest = 0 if index == 0 else max(0, int(round((words[index - 1].end - offset) / frame_seconds)))
+        lowest = _previous_end_frame(words, index, offset, frame_seconds)
         reach = max(lowest, start - int(round(HEAD_MAX_S / frame_seconds)))
         # the frames before the start, nearest first, with one more past the reach to see where it begins
         before = sound[max(0, reach - 1) : start][::-1]
@@ -215,7 +265,14 @@ def starts_quietly(word: str, language: str | None) -> bool:
     """Whether ``word`` (as decoded: a leading space, maybe opening punctuation) of an English text begins
     with one of ``QUIET_START_LETTERS``."""
     letters = word.lstrip().lstrip(PREPEND_PUNCTUATIONS)
-    return language in QUIET_START_LANGUAGES and letters[:1].lower() in QUIET_START_LETTERS
+    return language in SPELLING_LANGUAGES and letters[:1].lower() in QUIET_START_LETTERS
+
+
+def starts_with_hiss(word: str, language: str | None) -> bool:
+    """Whether ``word`` (as decoded) of an English text is spelled with a fricative or /h/ first
+    (``HISS_START_LETTERS``)."""
+    letters = word.lstrip().lstrip(PREPEND_PUNCTUATIONS).lower()
+    return language in SPELLING_LANGUAGES and HISS_START_LETTERS.match(letters) is not None
 
 
 def refine_starts(

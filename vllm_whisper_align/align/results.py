@@ -24,6 +24,7 @@ from vllm_whisper_align.align.boundaries import (
     extend_ends,
     extend_ends_through_hiss,
     extend_starts,
+    extend_starts_through_hiss,
     join_ends,
     refine_starts,
     snap_to_speech,
@@ -272,8 +273,10 @@ def window_words(
         )
         sound = sound_frames(samples)
         extend_ends(timed, speech, window.offset, sound=sound)
-        extend_ends_through_hiss(timed, hiss_frames(samples), window.offset)
+        hiss = hiss_frames(samples)
+        extend_ends_through_hiss(timed, hiss, window.offset)
         extend_starts(timed, speech, window.offset, sound)
+        extend_starts_through_hiss(timed, hiss, window.offset, language)
         join_ends(timed, speech, window.offset)
     words = timed
     if matrix is not None:
