@@ -5,9 +5,11 @@
     .venv/bin/python benchmarks/real_speech_bench.py --report-only         # score the raw outputs again
     .venv/bin/python benchmarks/real_speech_bench.py --set spontaneous     # the spontaneous set instead
     .venv/bin/python benchmarks/real_speech_bench.py --systems ours-base --methods auto,fixed,characters
+    .venv/bin/python benchmarks/real_speech_bench.py --systems ours-tiny.en --dtypes float32,bfloat16
 
 Systems (one process each, one after the other; the peers in benchmarks/.venvs, made by envs.py):
-this project's `WhisperAligner(model, dtype="float32")`, `transcribe(..., word_timestamps=True)` and
+this project's `WhisperAligner(model, dtype="float32")` (``--dtypes``: one engine each; rows of another
+dtype than float32 say it), `transcribe(..., word_timestamps=True)` and
 `align(..., texts)` with `alignment_method` auto (default) and fixed, on tiny.en and base; openai-whisper
 `transcribe(word_timestamps=True)` and `timing.find_alignment` forced on the truth text; faster-whisper int8
 transcribe; stable-ts `align` and `transcribe`. The peers run the same weights (tiny.en: the bundled CT2
@@ -137,12 +139,13 @@ def ct2_dir(model: str) -> Path:
     return target
 
 
-def jobs(system: str, methods: str) -> list[tuple[str, list[str], dict | None]]:
-    """(part, command, environment) of each process `system` runs (``methods``: this project's alignment
-    methods); a part writes RAW/<part>.json."""
+def jobs(system: str, methods: str, dtypes: str) -> list[tuple[str, list[str], dict | None]]:
+    """(part, command, environment) of each process `system` runs (``methods``, ``dtypes``: this project's
+    alignment methods and dtypes); a part writes RAW/<part>.json."""
     name, model = split_system(system)
     if name == "ours":
         command = [sys.executable, __file__, "ours", "--model", model, "--set", SET, "--methods", methods]
+        command += ["--dtypes", dtypes]
         command += ["--out", str(RAW / f"{system}.json")]
         return [(system, command, None)]
     paths = weights(model)
@@ -192,12 +195,12 @@ def split_system(system: str) -> tuple[str, str]:
     return system[: -len(model) - 1], model
 
 
-def run_system(system: str, timeout_s: float, methods: str) -> bool:
+def run_system(system: str, timeout_s: float, methods: str, dtypes: str) -> bool:
     name, _model = split_system(system)
     if name != "ours":
         envs.ensure(name, log=log)  # the peers' venvs are named as the systems
     ok = True
-    for part, command, env in jobs(system, methods):
+    for part, command, env in jobs(system, methods, dtypes):
         log(f"run {part}: {shlex.join(command)}")
         log_path = OUT / "logs" / f"{part}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -215,10 +218,10 @@ def run_system(system: str, timeout_s: float, methods: str) -> bool:
     return ok
 
 
-def run_ours(model: str, out: Path, methods: list[str]) -> None:
-    """This project on the set: one engine, transcribe and align with each of ``methods`` (``characters``
-    aligns only: it forces the text it is given)."""
-    from common import load_wav, run_record, word_dicts, write_output
+def run_ours(model: str, out: Path, methods: list[str], dtypes: list[str]) -> None:
+    """This project on the set: an engine per dtype of ``dtypes``, transcribe and align with each of
+    ``methods`` (``characters`` aligns only: it forces the text it is given)."""
+    from common import load_wav, write_output
 
     from vllm_whisper_align import WhisperAligner
     from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
@@ -229,7 +232,21 @@ def run_ours(model: str, out: Path, methods: list[str]) -> None:
     texts = [truth[i]["text"] for i in ids]
     path = base_model_path() if model == "base" else default_model_path()
     runs = []
-    with WhisperAligner(str(path), dtype="float32") as aligner:
+    for dtype in dtypes:
+        runs += runs_of(WhisperAligner(str(path), dtype=dtype), dtype, model, samples, texts, ids, methods)
+    import vllm_whisper_align
+
+    write_output(out, "ours", runs, package=vllm_whisper_align.__file__, commit=git_commit())
+
+
+def runs_of(
+    aligner, dtype: str, model: str, samples: list, texts: list, ids: list, methods: list[str]
+) -> list:
+    """One engine's runs over the set, each a run record (``aligner`` is closed after them)."""
+    from common import run_record, word_dicts
+
+    runs = []
+    with aligner:
         aligner.transcribe(samples[:1], word_timestamps=True, language="en")  # warm-up
         for method in methods:
             for mode in ("align",) if method == "characters" else ("transcribe", "align"):
@@ -244,7 +261,7 @@ def run_ours(model: str, out: Path, methods: list[str]) -> None:
                     run_record(
                         system="ours",
                         model=model,
-                        precision="float32",
+                        precision=dtype,
                         mode=mode,
                         alignment_method=method,
                         wall_s=round(time.perf_counter() - t0, 3),
@@ -252,9 +269,7 @@ def run_ours(model: str, out: Path, methods: list[str]) -> None:
                         files={i: answer(r, word_dicts) for i, r in zip(ids, results, strict=True)},
                     )
                 )
-    import vllm_whisper_align
-
-    write_output(out, "ours", runs, package=vllm_whisper_align.__file__, commit=git_commit())
+    return runs
 
 
 def answer(transcript, word_dicts) -> dict:
@@ -359,7 +374,7 @@ def merged_runs(runs: list[dict]) -> list[dict]:
     """One run per (mode, method): stable-ts align's runner writes a run per recording."""
     merged: dict[tuple, dict] = {}
     for run in runs:
-        key = (run.get("mode"), run.get("alignment_method"))
+        key = (run.get("mode"), run.get("alignment_method"), run.get("precision"))
         if key in merged:
             merged[key]["files"] = {**merged[key]["files"], **run["files"]}
         else:
@@ -383,7 +398,7 @@ def describe(raw: dict, run: dict, path: Path) -> dict:
     mode = "align" if forced else "transcribe"
     method = run.get("alignment_method")
     names = {
-        "ours": f"this project, {method}",
+        "ours": f"this project, {method}" + precision_note(run.get("precision")),
         "openai-whisper": "openai-whisper",
         "openai-whisper-forced": "openai-whisper find_alignment",
         "faster-whisper": "faster-whisper int8",
@@ -401,6 +416,11 @@ def describe(raw: dict, run: dict, path: Path) -> dict:
         "commit": raw.get("commit"),
         "raw": str(path.relative_to(ROOT)),
     }
+
+
+def precision_note(precision: str | None) -> str:
+    """A row label's note of this project's dtype: none for float32, what every other row runs."""
+    return "" if precision in (None, "float32") else f", {precision}"
 
 
 def score(truth: dict, result: dict) -> tuple[dict, list[dict]]:
@@ -811,10 +831,16 @@ def main() -> None:
     parser.add_argument(
         "--methods", default="auto,fixed", help="this project's alignment methods: auto, fixed, characters"
     )
+    parser.add_argument(
+        "--dtypes",
+        default="float32",
+        help="this project's dtypes, an engine each: float32 (rows without a note), bfloat16 (serve's "
+        "default on a CPU with native bf16)",
+    )
     args = parser.parse_args()
     use_set(args.set)
     if args.what == "ours":
-        run_ours(args.model, args.out, args.methods.split(","))
+        run_ours(args.model, args.out, args.methods.split(","), args.dtypes.split(","))
         return
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     if not args.report_only:
@@ -826,7 +852,9 @@ def main() -> None:
         joined = real_speech.joined_with_pauses(clips) if SET == "main" else []
         real_speech.export(clips + joined, AUDIO)
         RAW.mkdir(parents=True, exist_ok=True)
-        failed = [s for s in args.systems.split(",") if not run_system(s, args.timeout, args.methods)]
+        failed = [
+            s for s in args.systems.split(",") if not run_system(s, args.timeout, args.methods, args.dtypes)
+        ]
         if failed:
             log(f"FAILED: {', '.join(failed)} (see {OUT / 'logs'})")
     report(command)
