@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from vllm_whisper_align import memory
-from vllm_whisper_align.engine import settings, vllm_internals
+from vllm_whisper_align.engine import lifetime, settings, vllm_internals
 from vllm_whisper_align.log import get_logger
 from vllm_whisper_align.protocol import (
     NO_CAPTURE_MESSAGE,
@@ -33,6 +33,7 @@ def register() -> None:
     from vllm import ModelRegistry
 
     vllm_internals.check_vllm()
+    lifetime.exit_with_parent()
     vllm_internals.guard_kernel_override_scan()
     vllm_internals.keep_single_cpu_worker_in_engine_core()
     vllm_internals.admit_encoder_rows_per_step(settings.encoder_rows_per_step, ARCHITECTURE)

@@ -254,6 +254,19 @@ def shutdown_llm(llm: Any, timeout_s: float | None = None) -> None:
 # ---------------------------------------------------------------------------- worker side
 
 
+def in_engine_core_process() -> bool:
+    """Whether this process is an engine core that a vLLM front end (``LLM``, the API server) started.
+
+    vLLM 0.32's ``CoreEngineProcManager`` (v1/engine/utils.py) starts it with multiprocessing, named
+    "EngineCore" (or "EngineCore_DP<rank>" with data parallelism); nothing public says which process a
+    plugin is loaded in."""
+    import multiprocessing
+
+    name = multiprocessing.current_process().name
+    started = multiprocessing.parent_process() is not None
+    return started and (name == "EngineCore" or name.startswith("EngineCore_DP"))
+
+
 def install_worker_methods(after_step: Callable[[Any, Any], None], methods: dict[str, Callable]) -> None:
     """Run ``after_step(worker_wrapper, scheduler_output)`` after every model step, and add
     ``methods`` to the worker wrapper so that ``collective_rpc`` can call them by name.

@@ -1,0 +1,45 @@
+"""An engine core outlives nothing that started it.
+
+vLLM's front end stops its engine core when it shuts down, but a front end that is killed (SIGKILL, the
+OOM killer, a Ray task cancelled, a script's Python sent SIGTERM, on which ``LLM`` runs no cleanup)
+leaves the engine running with no one to serve: its 800 MB or more held and its threads polling, until
+someone kills it by hand. vLLM watches its workers' parent (the executor's death pipe) but not the
+engine core's. So the engine core watches its own parent and, once it is gone, asks itself to shut down
+the way its front end would (SIGTERM, which vLLM's engine core handles by leaving its busy loop).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+
+from vllm_whisper_align.engine import vllm_internals
+from vllm_whisper_align.log import get_logger
+
+logger = get_logger(__name__)
+
+# After asking itself to stop, how long an engine waits before it exits hard (a shutdown that hangs).
+SHUTDOWN_GRACE_S = 30.0
+
+
+def exit_with_parent() -> None:
+    """In an engine core process: start a daemon thread that shuts the engine down once the process
+    that started it has exited, however it ended. Elsewhere: nothing."""
+    if not vllm_internals.in_engine_core_process():
+        return
+    parent = multiprocessing.parent_process()
+    assert parent is not None  # in_engine_core_process: started by multiprocessing
+    threading.Thread(target=_watch, args=(parent,), name="vwa-parent-watch", daemon=True).start()
+
+
+def _watch(parent: multiprocessing.process.BaseProcess) -> None:
+    parent.join()  # returns when the parent's sentinel closes: the parent has exited
+    logger.warning(
+        "The process that started this engine (pid %s) is gone; shutting the engine down", parent.pid
+    )
+    os.kill(os.getpid(), signal.SIGTERM)
+    threading.Event().wait(SHUTDOWN_GRACE_S)
+    logger.error("The engine did not stop within %.0f s of its parent's exit; exiting", SHUTDOWN_GRACE_S)
+    os._exit(1)
