@@ -1,6 +1,6 @@
 """Server memory under rounds of hostile and ordinary traffic: does anything stay behind?
 
-    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/memory_soak.py [--rounds 25] [--port 8131]
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/memory_soak.py [--rounds 25]
 
 Starts ``vllm-whisper-align serve`` (its defaults) and, after one warm-up request, runs rounds of: 20
 live streams on /v1/realtime (4 s of real speech each, sent at 10x real time; half commit and read to
@@ -19,7 +19,6 @@ import base64
 import io
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,8 +31,10 @@ import websockets
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.support: the real recordings
+sys.path.insert(0, str(HERE / "runners"))
 
-from common import cpu_description, tree_memory  # noqa: E402
+from common import DEFAULT_VARIANT, cpu_description, tree_memory  # noqa: E402
+from vllm_http_run import free_port, start_server, stop_server, wait_healthy  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
 
@@ -137,35 +138,21 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=25)
-    parser.add_argument("--port", type=int, default=8131)
     args = parser.parse_args()
-    url = f"http://127.0.0.1:{args.port}"
     clips = real_speech.load_clips(log=lambda *_: None)
     samples = np.concatenate([clip.samples for clip in clips[:6]]).astype(np.float32)
     print(
         f"{cpu_description()}, {os.cpu_count()} CPUs; {len(samples) / 16000:.1f} s of real speech", flush=True
     )
-    serve = [str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", "--port", str(args.port)]
-    with open(HERE / "out" / "memory_soak_serve.log", "w") as log:
-        server = subprocess.Popen(serve, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(url, server)
-            asyncio.run(soak(url, server.pid, args.rounds, samples))
-        finally:
-            server.terminate()
-            server.wait(60)
-
-
-def wait_ready(url: str, server: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and server.poll() is None:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit(f"the server did not come up (log: {HERE / 'out' / 'memory_soak_serve.log'})")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    # serve's defaults (32 sequences is its own default, written out by the shared starter)
+    server = start_server(None, DEFAULT_VARIANT, 32, port, HERE / "out" / "memory_soak_serve.log")
+    try:
+        wait_healthy(url, server)
+        asyncio.run(soak(url, server.pid, args.rounds, samples))
+    finally:
+        stop_server(server)
 
 
 if __name__ == "__main__":
