@@ -10,16 +10,19 @@ the way its front end would (SIGTERM, which vLLM's engine core handles by leavin
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import threading
+import time
 
 from vllm_whisper_align.engine import vllm_internals
 from vllm_whisper_align.log import get_logger
 
 logger = get_logger(__name__)
 
+# How often the engine looks for its parent. Not multiprocessing's parent sentinel: that pipe closes when
+# the parent's Process object is finalized, which a live parent may do.
+PARENT_POLL_S = 1.0
 # After asking itself to stop, how long an engine waits before it exits hard (a shutdown that hangs).
 SHUTDOWN_GRACE_S = 30.0
 
@@ -29,17 +32,17 @@ def exit_with_parent() -> None:
     that started it has exited, however it ended. Elsewhere: nothing."""
     if not vllm_internals.in_engine_core_process():
         return
-    parent = multiprocessing.parent_process()
-    assert parent is not None  # in_engine_core_process: started by multiprocessing
-    threading.Thread(target=_watch, args=(parent,), name="vwa-parent-watch", daemon=True).start()
+    parent_pid = os.getppid()
+    threading.Thread(target=_watch, args=(parent_pid,), name="vwa-parent-watch", daemon=True).start()
 
 
-def _watch(parent: multiprocessing.process.BaseProcess) -> None:
-    parent.join()  # returns when the parent's sentinel closes: the parent has exited
+def _watch(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:  # an orphan is handed to init (or a subreaper): another parent
+        time.sleep(PARENT_POLL_S)
     logger.warning(
-        "The process that started this engine (pid %s) is gone; shutting the engine down", parent.pid
+        "The process that started this engine (pid %s) is gone; shutting the engine down", parent_pid
     )
     os.kill(os.getpid(), signal.SIGTERM)
-    threading.Event().wait(SHUTDOWN_GRACE_S)
+    time.sleep(SHUTDOWN_GRACE_S)
     logger.error("The engine did not stop within %.0f s of its parent's exit; exiting", SHUTDOWN_GRACE_S)
     os._exit(1)
