@@ -146,17 +146,11 @@ def extend_ends_through_hiss(
         reach = min(limit, end + int(round(HISS_MAX_S / frame_seconds)))
         if not 0 < end < reach:
             continue
-        at, gap, last = end, 0, end  # last: one past the last frame of hiss taken
-        while at < reach and gap <= HISS_GAP_FRAMES:
-            if hiss[at]:
-                gap, last = 0, at + 1
-            else:
-                gap += 1
-            at += 1
-        if at >= limit and gap <= HISS_GAP_FRAMES:
+        farthest, ran_out = _hiss_walk(hiss, range(end, reach))
+        if ran_out and reach == limit:
             continue  # the hiss runs on into the next word
-        if last > end:
-            word.end = round_time(offset + last * frame_seconds)
+        if farthest is not None:
+            word.end = round_time(offset + (farthest + 1) * frame_seconds)
 
 
 def extend_starts_through_hiss(
@@ -182,17 +176,26 @@ def extend_starts_through_hiss(
         reach = max(limit, start - int(round(HISS_MAX_S / frame_seconds)))
         if not reach < start <= len(hiss):
             continue
-        at, gap, first = start - 1, 0, start  # first: the first frame of hiss taken
-        while at >= reach and gap <= HISS_GAP_FRAMES:
-            if hiss[at]:
-                gap, first = 0, at
-            else:
-                gap += 1
-            at -= 1
-        if at < limit and gap <= HISS_GAP_FRAMES:
+        farthest, ran_out = _hiss_walk(hiss, range(start - 1, reach - 1, -1))
+        if ran_out and reach == limit:
             continue  # the hiss runs back into the previous word
-        if first < start:
-            word.start = round_time(offset + first * frame_seconds)
+        if farthest is not None:
+            word.start = round_time(offset + farthest * frame_seconds)
+
+
+def _hiss_walk(hiss: np.ndarray, frames: range) -> tuple[int | None, bool]:
+    """Walk ``frames`` away from a word's edge through hiss, across silences of at most
+    ``HISS_GAP_FRAMES``: the farthest frame of hiss reached (None: none), and whether the walk ran out of
+    frames still in the hiss (a longer silence did not stop it)."""
+    gap, farthest = 0, None
+    for at in frames:
+        if hiss[at]:
+            gap, farthest = 0, at
+        else:
+            gap += 1
+            if gap > HISS_GAP_FRAMES:
+                return farthest, False
+    return farthest, True
 
 
 def _previous_end_frame(words: list[Word], index: int, offset: float, frame_seconds: float) -> int:
