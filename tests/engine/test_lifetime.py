@@ -29,7 +29,8 @@ def engine_cores(pid: int) -> list[psutil.Process]:
 
 def test_an_engine_whose_front_end_is_killed_stops(tmp_path):
     """SIGKILL leaves the front end no chance to stop its engine (so does SIGTERM to a script's Python):
-    before engine.lifetime, the engine core ran on with no parent, a gigabyte held, until killed by hand."""
+    before engine.lifetime, the engine core ran on with no parent, 800 MB or more held, until killed by
+    hand."""
     script = tmp_path / "front_end.py"
     script.write_text(FRONT_END)
     front_end = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -51,7 +52,7 @@ def test_an_engine_whose_front_end_is_killed_stops(tmp_path):
                 engine.kill()
 
 
-def test_only_an_engine_core_watches_its_parent():
-    """This test's process (a main process, not vLLM's engine) is no engine core: register() in a
-    user's process or the API server starts no watch."""
+def test_a_process_vllm_did_not_start_is_no_engine_core():
+    """This test's process (a main process, as a user's script or the API server) is not taken for an
+    engine core, so register() in it starts no watch of its parent."""
     assert not vllm_internals.in_engine_core_process()
