@@ -1,7 +1,7 @@
 """Word-boundary experiments without the engine in the loop: record once, replay the post-processing.
 
     .venv/bin/python benchmarks/boundary_replay.py record [--model tiny.en|base]
-    .venv/bin/python benchmarks/boundary_replay.py replay [--model tiny.en|base]
+    .venv/bin/python benchmarks/boundary_replay.py replay [--model tiny.en|base] [--method auto|heads|fixed]
 
 ``record`` runs one float32 ``WhisperAligner`` over three clip sets and keeps what the engine hands
 ``align.results.window_results`` for every window (the captured cross-attention of the whole head pool,
@@ -207,15 +207,17 @@ def load(path: Path) -> tuple[dict, object]:
     return recorded, WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(str(model)), vocab_size)
 
 
-def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict]]:
-    """Every clip's words, from the recorded engine answers through today's post-processing."""
+def replay_words(recorded: dict, tokens, name: str, mode: str, method: str | None = None) -> list[list[dict]]:
+    """Every clip's words, from the recorded engine answers through today's post-processing; with
+    ``method``, read by that alignment method instead of the recorded one (auto, heads and fixed read
+    the same capture)."""
     from vllm_whisper_align.align import results
 
     words = []
     for call in recorded[(name, mode)]:
         # Each window back at its place in the input (its samples were recorded from 0).
         windows = [
-            replace(w, audio=_at(w.audio, offset))
+            replace(w, audio=_at(w.audio, offset), alignment=_read_by(w.alignment, method))
             for w, offset in zip(call["windows"], call["offsets"], strict=True)
         ]
         answers = results.window_results(windows, call["fetched"], tokens, call["info"])
@@ -228,6 +230,11 @@ def replay_words(recorded: dict, tokens, name: str, mode: str) -> list[list[dict
             ]
         )
     return words
+
+
+def _read_by(alignment, method: str | None):
+    """A window's alignment parameters, read by ``method`` where one is given."""
+    return replace(alignment, alignment_method=method) if method and alignment else alignment
 
 
 def _at(audio, offset: float):
@@ -249,13 +256,16 @@ def end_shares(clips: list[SpokenClip], words: list[list[dict]]) -> dict[str, fl
     return {**out, "end_mae_ms": round(1000 * float(np.mean(errors)), 1)}
 
 
-def replay(path: Path) -> None:
+def replay(path: Path, method: str | None = None) -> None:
     recorded, tokens = load(path)
-    print(f"{recorded['model']}, recorded in {path.name}; starts (ends) within 50 / 100 / 200 ms")
+    print(
+        f"{recorded['model']}, recorded in {path.name}, alignment_method {method or 'as recorded'}; "
+        "starts (ends) within 50 / 100 / 200 ms"
+    )
     for name in SETS:
         clips = [SpokenClip(np.zeros(1), *clip) for clip in recorded["clips"][name]]
         for mode in MODES:
-            words = replay_words(recorded, tokens, name, mode)
+            words = replay_words(recorded, tokens, name, mode, method)
             if name in REAL_SETS:
                 print(real_line(recorded["real"][name], words, name, mode))
                 continue
@@ -304,9 +314,12 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=None, help="default: benchmarks/out/boundary-replay-MODEL.pkl"
     )
+    parser.add_argument(
+        "--method", default=None, choices=["auto", "heads", "fixed"], help="replay: read by this method"
+    )
     args = parser.parse_args()
     path = args.out or recording_path(args.model)
-    record(path, args.model) if args.action == "record" else replay(path)
+    record(path, args.model) if args.action == "record" else replay(path, args.method)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ time, and each decode takes the time it really took (or ``--decode-s``, for runs
 without the machine's jitter). A tool for changing the policy, not the benchmark of record (that is
 streaming_bench.py, through a real server and WebSocket client).
 
-    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --real 4 [-v]
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --real 4 [--method heads] [-v]
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --held-out --real 8
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/live_policy.py --prefixes --real 4
 
@@ -63,9 +63,9 @@ def held_out(num_real: int) -> list[tuple[str, object]]:
     return synthetic + [("real", clip) for clip in joined + alone]
 
 
-def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool):
+def stream(aligner, samples: np.ndarray, decode_s: float | None, verbose: bool, method: str):
     """Confirmed words with their delays, and each decode's seconds."""
-    options, language = TranscriptionOptions(), None
+    options, language = TranscriptionOptions(alignment_method=method), None
     buffer, clock, sent, total = RollingBuffer(), 0.0, 0, len(samples) / SAMPLE_RATE
     confirmed, took = [], []
 
@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--decode-s", type=float, default=None, help="virtual seconds per decode")
     parser.add_argument("--held-out", action="store_true", help="the recordings the bench does not hold")
     parser.add_argument("--prefixes", action="store_true", help="decode the audio so far; no policy")
+    parser.add_argument("--method", default="auto", help="alignment_method, streamed and offline")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args()
     from vllm_whisper_align.runners.offline import WhisperAligner
@@ -156,8 +157,8 @@ def main() -> None:
         if args.prefixes:
             return main_prefixes(aligner, chosen, args.verbose)
         for kind, clip in chosen:
-            offline = aligner.transcribe([clip.samples])[0].words
-            confirmed, took = stream(aligner, clip.samples, args.decode_s, args.verbose)
+            offline = aligner.transcribe([clip.samples], alignment_method=args.method)[0].words
+            confirmed, took = stream(aligner, clip.samples, args.decode_s, args.verbose, args.method)
             live = [word for word, _ in confirmed]
             ends = [sum(w.word.rstrip()[-1:] in ".?!" for w in ws) for ws in (live, offline)]
             rows.append(

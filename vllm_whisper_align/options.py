@@ -50,6 +50,8 @@ class AlignmentMethod:
     refines_boundaries: bool
     # The text is forced one character per token (forced alignment of one window only).
     forces_characters: bool = False
+    # Then an acoustic model of phones places the words, where the language has one (audio.phones).
+    places_phones: bool = False
 
     @property
     def transcribes(self) -> bool:
@@ -68,7 +70,16 @@ METHODS = {
     for method in (
         AlignmentMethod(
             "auto",
-            "per-window heads, onset-refined starts (default)",
+            "per-window heads and boundary rules, then English words placed by an acoustic model of "
+            "phones (default)",
+            selects_heads=True,
+            leaves_words_early=True,
+            refines_boundaries=True,
+            places_phones=True,
+        ),
+        AlignmentMethod(
+            "heads",
+            "per-window heads and boundary rules only (auto without the acoustic model)",
             selects_heads=True,
             leaves_words_early=True,
             refines_boundaries=True,

@@ -32,7 +32,7 @@ def start_errors_in_order(clip: SpokenClip, result) -> np.ndarray:
     return np.abs(starts_of(result) - np.array(clip.starts))
 
 
-def window_by_window(aligner, clip: SpokenClip) -> np.ndarray:
+def window_by_window(aligner, clip: SpokenClip, method: str = "auto") -> np.ndarray:
     """The ≤30 s figure on the same speech: the recording cut where the long form cuts it, each
     piece aligned alone (one teacher-forced window, as openai-whisper) with the text spoken in it."""
     chunks = chunk_audio(clip.samples)
@@ -40,7 +40,7 @@ def window_by_window(aligner, clip: SpokenClip) -> np.ndarray:
     piece_of_word = np.searchsorted(bounds, clip.starts, side="right")
     written = np.array(clip.text.split())  # the same words as the long form's text, punctuation and all
     texts = [" ".join(written[piece_of_word == k]) for k in range(len(chunks))]
-    results = aligner.align([c.samples for c in chunks], texts)
+    results = aligner.align([c.samples for c in chunks], texts, alignment_method=method)
     starts = np.concatenate([starts_of(r) + c.offset for r, c in zip(results, chunks, strict=True)])
     return np.abs(starts - np.array(clip.starts))
 
@@ -55,9 +55,9 @@ def continuous_clip(num_words: int) -> SpokenClip:
     return synthesize_words(words, gap_s=0.04)
 
 
-def check_long_form(aligner, clip: SpokenClip, label: str) -> np.ndarray:
+def check_long_form(aligner, clip: SpokenClip, label: str, method: str = "auto") -> np.ndarray:
     before = aligner.capture_stats()["encoder_cache_hits"]
-    result = aligner.align([clip.samples], [clip.text])[0]
+    result = aligner.align([clip.samples], [clip.text], alignment_method=method)[0]
     # The second pass found every window's encoder output from the first in the cache, and nothing
     # else ran: every window passed longform.unheard_windows after the short first pass (a window
     # aligned again would have hit the cache twice more: its full first pass and second pass).
@@ -65,11 +65,11 @@ def check_long_form(aligner, clip: SpokenClip, label: str) -> np.ndarray:
     errors = start_errors_in_order(clip, result)
     assert all(w.aligned for w in result.words)
     assert np.all(np.diff(starts_of(result)) >= 0)
-    reference = window_by_window(aligner, clip)
+    reference = window_by_window(aligner, clip, method)
     starts = np.array(clip.starts)
     first, last = errors[starts < 60].mean(), errors[starts > clip.duration - 60].mean()
     print(
-        f"\n{label}: {clip.duration:.0f} s, {len(errors)} words; "
+        f"\n{label} ({method}): {clip.duration:.0f} s, {len(errors)} words; "
         f"start MAE long form {errors.mean():.3f} s, "
         f"window by window {reference.mean():.3f} s; first minute {first:.3f} s, "
         f"last minute {last:.3f} s"
@@ -84,7 +84,16 @@ def test_three_minutes_with_pauses(aligner):
 
 
 def test_continuous_speech(aligner):
-    check_long_form(aligner, continuous_clip(360), "continuous speech")
+    """The split over windows is checked on the heads' times. The acoustic model places a window's words
+    only where its text is all spoken in it: where the split gives a window a few of the next window's
+    words, it places the window's halves (audio.phones.halves), and the long form is a little further
+    from window by window than the heads are (0.034 s against 0.031 s, 2026-12-06), but nearer the
+    truth than the heads' long form."""
+    clip = continuous_clip(360)
+    heads = check_long_form(aligner, clip, "continuous speech", "heads")
+    placed = start_errors_in_order(clip, aligner.align([clip.samples], [clip.text])[0])
+    print(f"continuous speech, long form (auto): start MAE {placed.mean():.3f} s")
+    assert placed.mean() <= 0.75 * heads.mean()
 
 
 PARAGRAPH = (

@@ -45,6 +45,7 @@ from vllm_whisper_align.audio.features import (
     spectral_flux,
     speech_frames,
 )
+from vllm_whisper_align.audio.phones import place_words
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.options import METHODS, compression_ratio, method_named
 from vllm_whisper_align.protocol import AlignmentParams
@@ -278,6 +279,9 @@ def window_words(
         extend_starts(timed, speech, window.offset, sound)
         extend_starts_through_hiss(timed, hiss, window.offset, language)
         join_ends(timed, speech, window.offset)
+    if method.places_phones and place_words(timed, samples, window.offset, language):
+        for word in timed:
+            word.start, word.end = round_time(word.start), round_time(word.end)
     words = timed
     if matrix is not None:
         evidence = word_evidence(

@@ -1,0 +1,129 @@
+"""audio.phones: Whisper's words spelled in the dictionary's words, and placed by PocketSphinx on speech
+whose word starts are known (espeak-ng, continuous)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from tests.support.speech import synthesize_sentence, synthesize_words
+from vllm_whisper_align.audio import phones
+
+
+@dataclass
+class Timed:
+    start: float
+    end: float
+    word: str
+
+
+@pytest.fixture(scope="module")
+def dictionary():
+    return phones.decoder()  # this process's: spell() runs in the worker process
+
+
+@pytest.mark.parametrize(
+    "word, spelled",
+    [
+        (" Hello,", ["hello"]),
+        (" Mr.", ["mr."]),
+        (" don’t", ["don't"]),
+        (" 12", ["twelve"]),
+        (" 1,500", ["one", "thousand", "five", "hundred"]),
+        (" 1990", ["nineteen", "ninety"]),
+        (" 2005", ["two", "thousand", "five"]),
+        (" 3.5", ["three", "point", "five"]),
+        (" cold-hearted", ["cold", "hearted"]),
+        ("-hearted", ["hearted"]),
+        (" ...", []),
+    ],
+)
+def test_words_are_spelled_in_the_dictionarys_words(dictionary, word, spelled):
+    assert [text for text, _ in phones.spell(word, dictionary)] == spelled
+
+
+def test_a_word_the_dictionary_lacks_is_read_from_its_letters(dictionary):
+    [(text, reading)] = phones.spell(" Fredthamlet.", dictionary)
+    assert text == "fredthamlet"
+    assert reading == "F R EH D TH AE M L EH T"
+
+
+@pytest.mark.parametrize("word", [" $5", " 10,000,000", " ∆", " 3rd"])
+def test_what_cannot_be_read_is_none(dictionary, word):
+    assert phones.spell(word, dictionary) is None
+
+
+@pytest.fixture(scope="module")
+def sentence():
+    return synthesize_sentence("the quick brown fox jumps over the lazy dog near the river bank")
+
+
+def shifted(clip, by: float) -> list[Timed]:
+    """The clip's words with starts ``by`` seconds off the truth, each ending where the next starts."""
+    starts = [s + by for s in clip.starts]
+    ends = [*starts[1:], clip.ends[-1] + by]
+    return [Timed(s, e, w) for s, e, w in zip(starts, ends, clip.words, strict=True)]
+
+
+def test_words_moved_onto_their_sound(sentence):
+    words = shifted(sentence, 0.08)
+    truth = np.array(sentence.starts)
+    known = np.isfinite(truth)
+    before = np.abs(np.array([w.start for w in words]) - truth)[known]
+    assert phones.place_words(words, sentence.samples, 0.0, "en") == len(words)
+    after = np.abs(np.array([w.start for w in words]) - truth)[known]
+    assert np.mean(before <= 0.05) == 0.0
+    assert np.mean(after <= 0.05) >= 0.8
+    assert all(a.end <= b.start + 1e-9 for a, b in zip(words, words[1:], strict=False))
+
+
+def test_times_are_absolute_when_the_window_starts_later(sentence):
+    offset = 30.0
+    words = shifted(sentence, offset + 0.08)
+    phones.place_words(words, sentence.samples, offset, "en")
+    alone = shifted(sentence, 0.08)
+    phones.place_words(alone, sentence.samples, 0.0, "en")
+    assert [round(w.start - offset, 3) for w in words] == [round(w.start, 3) for w in alone]
+
+
+def test_other_languages_keep_their_times(sentence):
+    words = shifted(sentence, 0.08)
+    kept = [(w.start, w.end) for w in words]
+    assert phones.place_words(words, sentence.samples, 0.0, "de") == 0
+    assert [(w.start, w.end) for w in words] == kept
+
+
+def test_a_word_that_cannot_be_read_keeps_its_time_and_the_rest_are_placed(sentence):
+    """A window without a path is cut in two at its widest pause, and each half tried on its own."""
+    words = shifted(sentence, 0.08)
+    words[3].word = " $5"
+    kept = (words[3].start, words[3].end)
+    before = [(w.start, w.end) for w in words]
+    placed = phones.place_words(words, sentence.samples, 0.0, "en")
+    assert (words[3].start, words[3].end) == kept
+    assert len(words) // 2 <= placed < len(words)
+    moved = np.array([(w.start, w.end) != b for w, b in zip(words, before, strict=True)])
+    errors = np.abs(np.array([w.start for w in words]) - np.array(sentence.starts))
+    known = np.isfinite(errors)
+    assert np.mean(errors[moved & known] <= 0.05) >= 0.8
+
+
+def test_answers_do_not_depend_on_the_windows_before(sentence):
+    """The same window placed after two others that end differently: the same answer (PocketSphinx's
+    features carried the last utterance's state: a boundary moved by 10 ms)."""
+    clip = synthesize_words(["the", "morning", "train", "was", "late", "again"], gap_s=0.3)
+    answers = []
+    for before in (sentence, synthesize_sentence("she sells sea shells by the sea shore")):
+        phones.place_words(shifted(before, 0.05), before.samples, 0.0, "en")
+        words = shifted(clip, 0.0)
+        phones.place_words(words, clip.samples, 0.0, "en")
+        answers.append([(w.start, w.end) for w in words])
+    assert answers[0] == answers[1]
+
+
+def test_answers_do_not_depend_on_the_times_given(sentence):
+    """The heads' times move by a frame with the engine's batch; the placed words must not."""
+    early, late = shifted(sentence, 0.03), shifted(sentence, 0.15)
+    for words in (early, late):
+        phones.place_words(words, sentence.samples, 0.0, "en")
+    assert [(w.start, w.end) for w in early] == [(w.start, w.end) for w in late]

@@ -1,0 +1,329 @@
+"""Word boundaries from an acoustic model of English phones.
+
+Whisper's cross-attention says which words were spoken and roughly when; it was never trained to say
+where a word's sound begins and ends, and the boundary rules (``align.boundaries``) read that from the
+level and spectrum of the audio. An HMM trained on phones was: PocketSphinx's US English model (bundled
+in its wheel, so it runs offline) forced to the words heard, as WhisperX forces wav2vec2 to them.
+
+:func:`place_words` forces a window's words onto the window's audio, the whole window at once, and
+moves each word to where PocketSphinx placed it. A window with a word that cannot be spelled in phones
+(:func:`spell`), or that the search finds no path through, keeps the times its words came with. Only
+the audio and the words' text go in: the times the heads gave (which move by a frame with the engine's
+batch) do not. English only: no other language has a model here.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from vllm_whisper_align.constants import SAMPLE_RATE
+
+# Languages whose words the acoustic model can place.
+PHONE_LANGUAGES = frozenset({"en"})
+# PocketSphinx's search beams, wider than its defaults (1e-48), at which 25 s of spontaneous speech with
+# a cold and long pauses had no path.
+BEAM = 1e-80
+# Noise added to the samples (PCM16 steps, either way): digital silence (exact zeros, as synthesized
+# or gated audio has) is log(0) to the model's features, and words were pulled into it.
+DITHER_LSB = 4
+# How many times a window without a path is cut in two (at most 2 ** SPLITS pieces) before its words
+# keep the times they came with.
+SPLITS = 3
+# PocketSphinx's frames.
+FRAME_S = 0.01
+# Not words: what PocketSphinx's segmentation adds between and around them.
+NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
+
+
+# An utterance to align: its audio (16 kHz PCM16) and Whisper's words in it.
+Utterance = tuple[bytes, Sequence[str]]
+# Each word's (start, end) in seconds into its utterance (None for punctuation alone); None for the
+# utterance where it could not be aligned.
+WordSpans = list[tuple[float, float] | None] | None
+
+
+class TimedWord(Protocol):
+    start: float
+    end: float
+    word: str
+
+
+# ---------------------------------------------------------------------------- spelling in phones
+
+
+ONES = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+    "sixteen seventeen eighteen nineteen"
+).split()
+TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+# Letters and letter groups to phones (ARPAbet, the dictionary's), longest first: a rough reading of a
+# word the dictionary lacks (a name, a coinage) is enough to align it; no reading loses its whole window.
+LETTER_PHONES = {
+    "tch": "CH", "sch": "S K", "th": "TH", "sh": "SH", "ch": "CH", "ph": "F", "wh": "W", "ck": "K",
+    "ng": "NG", "qu": "K W", "gh": "", "ee": "IY", "ea": "IY", "oo": "UW", "ou": "AW", "ow": "OW",
+    "ai": "EY", "ay": "EY", "oa": "OW", "oi": "OY", "oy": "OY", "au": "AO", "aw": "AO", "ie": "IY",
+    "a": "AE", "b": "B", "c": "K", "d": "D", "e": "EH", "f": "F", "g": "G", "h": "HH", "i": "IH",
+    "j": "JH", "k": "K", "l": "L", "m": "M", "n": "N", "o": "AA", "p": "P", "q": "K", "r": "R",
+    "s": "S", "t": "T", "u": "AH", "v": "V", "w": "W", "x": "K S", "y": "IY", "z": "Z",
+}  # fmt: skip
+LETTER_GROUPS = re.compile("|".join(sorted(LETTER_PHONES, key=len, reverse=True)))
+
+
+def number_words(number: int) -> list[str]:
+    """An integer below a million in words ("twenty one"), as it is read."""
+    if number < 20:
+        return [ONES[number]]
+    if number < 100:
+        return [TENS[number // 10]] + ([ONES[number % 10]] if number % 10 else [])
+    if number < 1000:
+        return [ONES[number // 100], "hundred"] + (number_words(number % 100) if number % 100 else [])
+    return (
+        number_words(number // 1000) + ["thousand"] + (number_words(number % 1000) if number % 1000 else [])
+    )
+
+
+def read_number(text: str) -> list[str] | None:
+    """Digits as they are read: years in pairs ("nineteen ninety"), decimals with "point", others as a
+    number; None for what is not a plain number (or a million or more)."""
+    if re.fullmatch(r"\d{4}", text) and (1100 <= int(text) <= 1999 or 2010 <= int(text) <= 2099):
+        tail = int(text[2:])
+        return number_words(int(text[:2])) + (
+            number_words(tail) if tail >= 10 else ["oh", ONES[tail]] if tail else ["hundred"]
+        )
+    whole, _, fraction = text.replace(",", "").partition(".")
+    if not whole.isdigit() or int(whole) >= 10**6 or (fraction and not fraction.isdigit()):
+        return None
+    return number_words(int(whole)) + (["point"] + [ONES[int(d)] for d in fraction] if fraction else [])
+
+
+def letter_phones(word: str) -> str | None:
+    """A rough reading of a word of letters the dictionary lacks; None where it has other characters."""
+    if not re.fullmatch(r"[a-z']+", word):
+        return None
+    letters = re.sub(r"(.)\1", r"\1", word.replace("'", ""))  # a doubled letter is one sound
+    if len(letters) > 2 and letters.endswith("e") and not letters.endswith("ee"):
+        letters = letters[:-1]  # a silent final e
+    phones = " ".join(LETTER_PHONES[group] for group in LETTER_GROUPS.findall(letters)).split()
+    return " ".join(phones) or None
+
+
+class Dictionary(Protocol):
+    def lookup_word(self, word: str) -> str | None: ...
+
+
+def spell(word: str, dictionary: Dictionary) -> list[tuple[str, str | None]] | None:
+    """What a word of Whisper's text is in the dictionary's words: a list of (word, phones), phones None
+    where the dictionary has the word and a rough reading where it does not; [] for punctuation alone;
+    None where it cannot be read (a symbol, a number too large)."""
+    text = word.strip().lower().replace("’", "'")
+    if dictionary.lookup_word(text) is not None:  # "mr.", "e.g.", "u.s."
+        return [(text, None)]
+    text = text.strip('.,!?;:"“”()[]{}…-–—')
+    if not text:
+        return []
+    if dictionary.lookup_word(text) is not None:
+        return [(text, None)]
+    if any(c.isdigit() for c in text):
+        spoken = read_number(text)
+        return [(w, None) for w in spoken] if spoken is not None else None
+    parts = [part for part in re.split(r"[-–—/]", text) if part]
+    if len(parts) > 1:
+        spelled = [spell(part, dictionary) for part in parts]
+        return None if any(s is None for s in spelled) else [x for s in spelled for x in s or []]
+    phones = letter_phones(text)
+    return [(text, phones)] if phones is not None else None
+
+
+# ---------------------------------------------------------------------------- the aligner
+
+# One decoder, in the worker process (:class:`Worker`).
+_decoder: Any = None
+
+
+def decoder() -> Any:
+    """This process's PocketSphinx decoder; loading the model takes about 0.3 s, once."""
+    global _decoder
+    if _decoder is None:
+        from pocketsphinx import Decoder  # the import and the model are paid on first use only
+
+        _decoder = Decoder(
+            samprate=SAMPLE_RATE,
+            bestpath=False,
+            loglevel="FATAL",
+            beam=BEAM,
+            wbeam=BEAM,
+            pbeam=BEAM,
+            # Its noise tracker carries over from one utterance to the next: answers would depend on
+            # the requests before.
+            remove_noise=False,
+            lm=None,  # alignment reads the dictionary only: the language model would be 60 MB more
+        )
+    return _decoder
+
+
+def dithered(pcm: bytes) -> bytes:
+    """``pcm`` with DITHER_LSB of noise added, the same noise for the same length: the same audio
+    always gets the same answer."""
+    noise = np.random.default_rng(0).integers(-DITHER_LSB, DITHER_LSB + 1, len(pcm) // 2)
+    return np.clip(np.frombuffer(pcm, dtype=np.int16) + noise, -32768, 32767).astype(np.int16).tobytes()
+
+
+def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
+    """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
+    (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path."""
+    sphinx = decoder()
+    spelled = [spell(text, sphinx) for text in texts]
+    if any(pieces is None for pieces in spelled) or not any(spelled):
+        return None
+    for pieces in spelled:
+        for text, phones in pieces or []:
+            if phones is not None and sphinx.lookup_word(text) is None:
+                sphinx.add_word(text, phones, True)
+    words = [text for pieces in spelled for text, _ in pieces or []]
+    try:
+        sphinx.set_align_text(" ".join(words))
+        # Its features start afresh (the cepstral mean it starts from, the pre-emphasis filter's last
+        # sample): they keep the last utterance's otherwise, and the same audio was placed 10 ms apart.
+        sphinx.reinit_feat()
+        sphinx.start_utt()
+        sphinx.process_raw(dithered(pcm), full_utt=True)  # at once: its cepstral mean is its own
+        sphinx.end_utt()
+        segments = [s for s in sphinx.seg() or [] if not NOT_WORDS.match(s.word)]
+    except RuntimeError:  # no path through it, or a word it would not take
+        return None
+    if [re.sub(r"\(\d+\)$", "", s.word) for s in segments] != words:  # "the(2)": a variant
+        return None
+    times: list[tuple[float, float] | None] = []
+    i = 0
+    for pieces in spelled:
+        if not pieces:
+            times.append(None)
+            continue
+        first, last = segments[i], segments[i + len(pieces) - 1]
+        times.append((first.start_frame * FRAME_S, (last.end_frame + 1) * FRAME_S))
+        i += len(pieces)
+    return times
+
+
+def align_utterances(
+    utterances: Sequence[tuple[bytes, Sequence[str]]],
+) -> list[list[tuple[float, float] | None] | None]:
+    """:func:`align_utterance` of each: what the worker process runs for one call."""
+    return [align_utterance(pcm, texts) for pcm, texts in utterances]
+
+
+class Worker:
+    """PocketSphinx in a process of its own, spoken to over its stdin and stdout (pickles), one list
+    of utterances at a time. Its search holds the GIL for as long as it runs (about 10 ms a second of audio),
+    which in the API process would stall every other thread, the server's event loop among them; fed
+    to it in short blocks instead, its answers depended on the utterances before. A plain subprocess,
+    not multiprocessing's: spawning re-imports the caller's main module, which a user's script without
+    a ``__main__`` guard cannot survive. It exits when its stdin closes (its parent gone)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+
+    def align(
+        self, utterances: list[tuple[bytes, list[str]]]
+    ) -> list[list[tuple[float, float] | None] | None]:
+        """:func:`align_utterances` in the worker; None for each where it died (started again for the
+        next call)."""
+        with self._lock:
+            try:
+                process = self._started()
+                pickle.dump(utterances, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                process.stdin.flush()
+                return pickle.load(process.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError):
+                self.close()
+        # vLLM's logger, imported here: the worker process imports this module and not vLLM.
+        from vllm_whisper_align.log import get_logger
+
+        get_logger(__name__).warning("the phone aligner's process died; these words keep their times")
+        return [None] * len(utterances)
+
+    def _started(self) -> Any:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
+        return self._process
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+
+_worker = Worker()
+
+
+def serve() -> None:
+    """The worker's loop: a list of utterances in, their words' times out, until stdin closes."""
+    channel_in, channel_out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but answers on the channel
+    while True:
+        try:
+            utterances = pickle.load(channel_in)
+        except EOFError:
+            return
+        pickle.dump(align_utterances(utterances), channel_out, protocol=pickle.HIGHEST_PROTOCOL)
+        channel_out.flush()
+
+
+def place_words(words: Sequence[TimedWord], samples: np.ndarray, offset: float, language: str) -> int:
+    """Moves ``words`` (absolute times; ``samples``, their window's audio, start at ``offset`` seconds) to
+    where the acoustic model places them in the window; returns how many it placed. The answer depends
+    on the audio and the words' text alone, not on the times they came with, except where the window
+    has no path (:func:`halves`). Words that cannot be placed keep their times."""
+    if language not in PHONE_LANGUAGES or not words:
+        return 0
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype(np.int16)
+    return place_span(words, pcm, offset, 0, len(words), SPLITS)
+
+
+def place_span(
+    words: Sequence[TimedWord], pcm: np.ndarray, offset: float, first: int, stop: int, splits: int
+) -> int:
+    """:func:`place_words` of ``words[first:stop]`` over ``pcm`` (starting at ``offset``); where the
+    search finds no path, each of :func:`halves` on its own, ``splits`` times at most."""
+    [times] = _worker.align([(pcm.tobytes(), [word.word for word in words[first:stop]])])
+    if times is not None:
+        for word, span in zip(words[first:stop], times, strict=True):
+            if span is not None:
+                word.start, word.end = offset + span[0], offset + span[1]
+        return sum(span is not None for span in times)
+    if splits == 0 or stop - first < 2:
+        return 0
+    cut, at = halves(words, first, stop, offset)
+    sample = min(max(int(round((at - offset) * SAMPLE_RATE)), 0), len(pcm))
+    return place_span(words, pcm[:sample], offset, first, cut, splits - 1) + place_span(
+        words, pcm[sample:], offset + sample / SAMPLE_RATE, cut, stop, splits - 1
+    )
+
+
+def halves(words: Sequence[TimedWord], first: int, stop: int, offset: float) -> tuple[int, float]:
+    """Where a span without a path is cut in two: before the word after the widest pause between
+    ``words[first:stop]`` (their times so far; the middlemost of equals), at the pause's middle. A
+    long-form window whose text holds a few words spoken in the next window has no path: its halves,
+    one of them without those words, do."""
+    middle = (first + stop) / 2
+    # The widest pause (to 10 ms), the one nearest the middle among equals: continuous speech halves.
+    cut = max(
+        range(first + 1, stop), key=lambda i: (round(words[i].start - words[i - 1].end, 2), -abs(i - middle))
+    )
+    return cut, max(offset, (words[cut - 1].end + words[cut].start) / 2)
+
+
+if __name__ == "__main__":
+    serve()
