@@ -1,7 +1,7 @@
 """What the acoustic model of phones costs `serve`: the benchmark's clips through `serve`'s defaults
 (32 clients, the official `openai` client, verbose_json with word granularity), alternating passes with
 ``alignment_method=heads`` (no acoustic model) and ``auto`` (the default, with it), medians of the
-rounds; and the CPU time the phone aligner's process took in each ``auto`` pass.
+rounds; and the CPU time the phone aligner's processes took in each ``auto`` pass.
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/phones_cost.py [--rounds 3] [--clients 32]
 
@@ -32,15 +32,16 @@ METHODS = ("heads", "auto")
 
 
 def phone_worker_cpu_s(server_pid: int) -> float:
-    """CPU seconds so far of the server's phone aligner process (0 before it has started)."""
+    """CPU seconds so far of the server's phone aligner processes (0 before they have started)."""
+    total = 0.0
     for child in psutil.Process(server_pid).children(recursive=True):
         try:
             if "vllm_whisper_align.audio.phones" in " ".join(child.cmdline()):
                 times = child.cpu_times()
-                return times.user + times.system
+                total += times.user + times.system
         except psutil.Error:
             continue
-    return 0.0
+    return total
 
 
 async def one_pass(client, model_id: str, items, blobs, clients: int, method: str) -> float:
@@ -110,7 +111,7 @@ def main() -> None:
         print(f"| {method} | {statistics.median(rates[method]):.2f} | {shown} |")
     per_second_ms = statistics.median(worker_cpu) / audio_s * 1000
     passes = ", ".join(f"{seconds:.1f}" for seconds in worker_cpu)
-    print(f"\nauto / heads: {auto / heads:.3f}; the phone aligner's CPU per auto pass: {passes} s")
+    print(f"\nauto / heads: {auto / heads:.3f}; the phone aligners' CPU per auto pass: {passes} s")
     print(f"({per_second_ms:.1f} ms per second of audio)")
 
 

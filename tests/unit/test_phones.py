@@ -127,3 +127,16 @@ def test_answers_do_not_depend_on_the_times_given(sentence):
     for words in (early, late):
         phones.place_words(words, sentence.samples, 0.0, "en")
     assert [(w.start, w.end) for w in early] == [(w.start, w.end) for w in late]
+
+
+def test_windows_aligned_at_once_get_the_answers_they_get_alone(sentence):
+    """Two windows at the same time go to two worker processes (a second one starts for it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    alone = shifted(sentence, 0.05)
+    phones.place_words(alone, sentence.samples, 0.0, "en")
+    together = [shifted(sentence, 0.05) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda words: phones.place_words(words, sentence.samples, 0.0, "en"), together))
+    for words in together:
+        assert [(w.start, w.end) for w in words] == [(w.start, w.end) for w in alone]

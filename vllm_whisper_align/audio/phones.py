@@ -6,15 +6,18 @@ level and spectrum of the audio. An HMM trained on phones was: PocketSphinx's US
 in its wheel, so it runs offline) forced to the words heard, as WhisperX forces wav2vec2 to them.
 
 :func:`place_words` forces a window's words onto the window's audio, the whole window at once, and
-moves each word to where PocketSphinx placed it. A window with a word that cannot be spelled in phones
-(:func:`spell`), or that the search finds no path through, keeps the times its words came with. Only
-the audio and the words' text go in: the times the heads gave (which move by a frame with the engine's
-batch) do not. English only: no other language has a model here.
+moves each word to where PocketSphinx placed it; a window the search finds no path through is tried
+again in halves (:func:`halves`), and a word that cannot be spelled in phones (:func:`spell`) keeps the
+time it came with. Only the audio and the words' text go in: the times the heads gave (which move by a
+frame with the engine's batch) do not, but where a window is halved. English only: no other language
+has a model here.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
+import queue
 import re
 import subprocess
 import sys
@@ -36,6 +39,8 @@ BEAM = 1e-80
 DITHER_LSB = 4
 # See decoder().
 FILLER_PROB = 0.1
+# Worker processes (:class:`Workers`), each about 40 MB: as many as the CPUs, up to 4.
+WORKERS = max(1, min(4, os.cpu_count() or 1))
 # How many times a window without a path is cut in two (at most 2 ** SPLITS pieces) before its words
 # keep the times they came with.
 SPLITS = 3
@@ -221,16 +226,14 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
     return times
 
 
-def align_utterances(
-    utterances: Sequence[tuple[bytes, Sequence[str]]],
-) -> list[list[tuple[float, float] | None] | None]:
+def align_utterances(utterances: Sequence[Utterance]) -> list[WordSpans]:
     """:func:`align_utterance` of each: what the worker process runs for one call."""
     return [align_utterance(pcm, texts) for pcm, texts in utterances]
 
 
 class Worker:
     """PocketSphinx in a process of its own, spoken to over its stdin and stdout (pickles), one list
-    of utterances at a time. Its search holds the GIL for as long as it runs (about 10 ms a second of audio),
+    of utterances at a time. Its search holds the GIL for as long as it runs (about 7 ms a second of audio),
     which in the API process would stall every other thread, the server's event loop among them; fed
     to it in short blocks instead, its answers depended on the utterances before. A plain subprocess,
     not multiprocessing's: spawning re-imports the caller's main module, which a user's script without
@@ -240,9 +243,7 @@ class Worker:
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
 
-    def align(
-        self, utterances: list[tuple[bytes, list[str]]]
-    ) -> list[list[tuple[float, float] | None] | None]:
+    def align(self, utterances: list[Utterance]) -> list[WordSpans]:
         """:func:`align_utterances` in the worker; None for each where it died (started again for the
         next call)."""
         with self._lock:
@@ -273,7 +274,25 @@ class Worker:
             self._process = None
 
 
-_worker = Worker()
+class Workers:
+    """WORKERS worker processes, each window to one that is free; the most recently freed first, so a
+    second process starts only once two windows are aligned at the same time. One was the bottleneck at
+    the end of a burst of requests: every window the engine had just answered waited for it."""
+
+    def __init__(self, count: int) -> None:
+        self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
+        for _ in range(count):
+            self._idle.put(Worker())
+
+    def align(self, utterances: list[Utterance]) -> list[WordSpans]:
+        worker = self._idle.get()
+        try:
+            return worker.align(utterances)
+        finally:
+            self._idle.put(worker)
+
+
+_workers = Workers(WORKERS)
 
 
 def serve() -> None:
@@ -305,7 +324,7 @@ def place_span(
 ) -> int:
     """:func:`place_words` of ``words[first:stop]`` over ``pcm`` (starting at ``offset``); where the
     search finds no path, each of :func:`halves` on its own, ``splits`` times at most."""
-    [times] = _worker.align([(pcm.tobytes(), [word.word for word in words[first:stop]])])
+    [times] = _workers.align([(pcm.tobytes(), [word.word for word in words[first:stop]])])
     if times is not None:
         for word, span in zip(words[first:stop], times, strict=True):
             if span is not None:
