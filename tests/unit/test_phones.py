@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.speech import synthesize_sentence, synthesize_words
 from vllm_whisper_align.audio import phones
+from vllm_whisper_align.constants import SAMPLE_RATE
 
 
 @dataclass
@@ -140,3 +141,11 @@ def test_windows_aligned_at_once_get_the_answers_they_get_alone(sentence):
         list(pool.map(lambda words: phones.place_words(words, sentence.samples, 0.0, "en"), together))
     for words in together:
         assert [(w.start, w.end) for w in words] == [(w.start, w.end) for w in alone]
+
+
+def test_audio_too_short_for_a_word_keeps_its_times_and_the_worker_goes_on(sentence):
+    words = [Timed(0.0, 0.02, " hello"), Timed(0.02, 0.04, " world")]
+    assert phones.place_words(words, np.zeros(SAMPLE_RATE // 20, dtype=np.float32), 0.0, "en") == 0
+    assert [(w.start, w.end) for w in words] == [(0.0, 0.02), (0.02, 0.04)]
+    after = shifted(sentence, 0.05)
+    assert phones.place_words(after, sentence.samples, 0.0, "en") == len(after)

@@ -46,6 +46,8 @@ WORKERS = max(1, min(4, os.cpu_count() or 1))
 SPLITS = 3
 # PocketSphinx's frames.
 FRAME_S = 0.01
+# Audio shorter than this holds no word to place (a window's half cut at its very edge).
+MIN_SAMPLES = SAMPLE_RATE // 10
 # Not words: what PocketSphinx's segmentation adds between and around them.
 NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
@@ -192,6 +194,8 @@ def dithered(pcm: bytes) -> bytes:
 def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
     """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
     (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path."""
+    if len(pcm) // 2 < MIN_SAMPLES:  # PCM16: two bytes a sample
+        return None
     sphinx = decoder()
     spelled = [spell(text, sphinx) for text in texts]
     if any(pieces is None for pieces in spelled) or not any(spelled):
@@ -304,7 +308,11 @@ def serve() -> None:
             utterances = pickle.load(channel_in)
         except EOFError:
             return
-        pickle.dump(align_utterances(utterances), channel_out, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            answers = align_utterances(utterances)
+        except Exception:  # anything PocketSphinx raises: these go unplaced, the worker lives on
+            answers = [None] * len(utterances)
+        pickle.dump(answers, channel_out, protocol=pickle.HIGHEST_PROTOCOL)
         channel_out.flush()
 
 
