@@ -279,11 +279,10 @@ def window_words(
         extend_starts(timed, speech, window.offset, sound)
         extend_starts_through_hiss(timed, hiss, window.offset, language)
         join_ends(timed, speech, window.offset)
-    if method.places_phones and place_words(timed, samples, window.offset, language):
-        for word in timed:
-            word.start, word.end = round_time(word.start), round_time(word.end)
     words = timed
     if matrix is not None:
+        # Read on the heads' times, before the acoustic model moves the words: what it was fitted on,
+        # and the model forces text that is not in the audio somewhere all the same.
         evidence = word_evidence(
             words,
             matrix,
@@ -295,6 +294,9 @@ def window_words(
             window.forced,
         )
         set_confidences(words, evidence, window.forced)
+    if method.places_phones and place_words(words, samples, window.offset, language):
+        for word in words:
+            word.start, word.end = round_time(word.start), round_time(word.end)
     token_timings = [
         TokenTiming(
             int(token),
