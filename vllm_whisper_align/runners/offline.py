@@ -131,9 +131,10 @@ class WhisperAligner:
         fallback schedule (then +0.2 up to 1.0); ``compression_ratio_threshold``,
         ``logprob_threshold`` and ``no_speech_threshold`` are its ``transcribe`` arguments, with its
         defaults (None turns one off); above temperature 0 each window samples ``best_of`` candidates
-        and keeps the likeliest; ``alignment_method`` is "auto" (per-window heads, onset-refined
-        starts) or "fixed" (the tuned alignment heads, openai-whisper's way); ``top_p``, ``seed`` and
-        the other sampling options are vLLM's.
+        and keeps the likeliest; ``alignment_method`` is "auto" (per-window heads, boundary rules,
+        then English words placed by an acoustic model of phones), "heads" (auto without the model)
+        or "fixed" (the tuned alignment heads, openai-whisper's way); ``top_p``, ``seed`` and the
+        other sampling options are vLLM's.
         """
         options = _options(TranscriptionOptions, options, option_values)
         samples = [_samples(audio) for audio in audios]
