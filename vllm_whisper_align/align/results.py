@@ -294,7 +294,10 @@ def window_words(
             window.forced,
         )
         set_confidences(words, evidence, window.forced)
-    if method.places_phones and place_words(words, samples, window.offset, language):
+    # Text DTW squeezed into one instant is dropped by window_segments, as openai-whisper drops it (read
+    # on the heads' times): the model would spread it over the window instead.
+    spoken = bool(words) and words[-1].end > words[0].start
+    if method.places_phones and spoken and place_words(words, samples, window.offset, language):
         for word in words:
             word.start, word.end = round_time(word.start), round_time(word.end)
     token_timings = [
