@@ -2,10 +2,11 @@
 
 Spoken and heard words are paired like tests/speech.py's `start_errors`: a minimum edit-distance
 alignment (`speech.align_words`) of lowercased, punctuation-stripped words, so a repeated word or
-phrase pairs with the right occurrence. Words the transcript lacks (or spells differently) stay
-unpaired and count as misses in the "within X ms" shares, which are over ALL spoken words; the mean
-absolute errors are over paired words only. Words whose true start is unknown (continuous speech: a
-word libespeak-ng spoke together with its neighbour) are left out of every figure.
+phrase pairs with the right occurrence (the nearest in time where the counts differ). Words the
+transcript lacks (or spells differently) stay unpaired and count as misses in the "within X ms"
+shares, which are over ALL spoken words; the mean absolute errors are over paired words only. Words
+whose true start is unknown (continuous speech: a word libespeak-ng spoke together with its
+neighbour) are left out of every figure.
 """
 
 from __future__ import annotations
@@ -31,11 +32,14 @@ def normalise(word: str) -> str:
     return _STRIP.sub("", word.strip()).lower()
 
 
-def match_words(spoken: Sequence[str], heard: Sequence[dict]) -> list[tuple[int, int]]:
-    """(spoken index, heard index) pairs of the same word, in order."""
+def match_words(
+    spoken: Sequence[str], heard: Sequence[dict], spoken_starts: Sequence[float]
+) -> list[tuple[int, int]]:
+    """(spoken index, heard index) pairs of the same word, in order (a word said more often than
+    heard pairs with the occurrence nearest in time)."""
     a = [normalise(w) for w in spoken]
     b = [normalise(w["word"]) for w in heard]
-    return [(i, j) for i, j in align_words(a, b) if a[i]]
+    return [(i, j) for i, j in align_words(a, b, spoken_starts, [w["start"] for w in heard]) if a[i]]
 
 
 def file_errors(truth: dict, words: Sequence[dict]) -> dict[str, np.ndarray]:
@@ -44,7 +48,7 @@ def file_errors(truth: dict, words: Sequence[dict]) -> dict[str, np.ndarray]:
     start = np.full(n, np.nan)
     end = np.full(n, np.nan)
     heard = [w for w in words if w.get("start") is not None]
-    for i, j in match_words(truth["words"], heard):
+    for i, j in match_words(truth["words"], heard, truth["starts"]):
         start[i] = heard[j]["start"] - truth["starts"][i]
         if heard[j].get("end") is not None:
             end[i] = heard[j]["end"] - truth["ends"][i]

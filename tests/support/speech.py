@@ -271,7 +271,8 @@ def start_errors(clip: SpokenClip, words: Sequence) -> np.ndarray:
     whose true start is unknown (see :func:`synthesize_sentence`).
 
     Spoken and heard words (lowercased, punctuation stripped) are paired by a minimum edit-distance
-    alignment, so repeated phrases and repeated words pair with the right occurrence.
+    alignment, so repeated phrases and repeated words pair with the right occurrence (the nearest in
+    time where the counts differ).
     """
     return _paired_errors(clip, words, clip.starts, "start")
 
@@ -286,7 +287,7 @@ def _paired_errors(clip: SpokenClip, words: Sequence, truth: Sequence[float], ke
     spoken = [_plain(w) for w in clip.words]
     heard = [_plain(_field(w, "word")) for w in words]
     errors = np.full(len(spoken), np.inf)
-    for i, j in align_words(spoken, heard):
+    for i, j in align_words(spoken, heard, clip.starts, [_field(w, "start") for w in words]):
         errors[i] = abs(_field(words[j], key) - truth[i])
     return errors
 
@@ -310,24 +311,47 @@ def word_errors(reference: list[str], heard: list[str]) -> int:
     return row[-1]
 
 
-def align_words(spoken: Sequence[str], heard: Sequence[str]) -> list[tuple[int, int]]:
-    """Index pairs of equal words on a minimum edit-distance (Levenshtein) path."""
+def align_words(
+    spoken: Sequence[str],
+    heard: Sequence[str],
+    spoken_starts: Sequence[float] | None = None,
+    heard_starts: Sequence[float] | None = None,
+) -> list[tuple[int, int]]:
+    """Index pairs of equal words on a minimum edit-distance (Levenshtein) path.
+
+    Given both sides' start times, where several paths are as short (a word said four times and
+    written three times), the one whose paired words lie nearest in time wins, as sclite's
+    time-mediated alignment pairs them; without times, the last occurrences pair."""
     n, m = len(spoken), len(heard)
-    cost = np.zeros((n + 1, m + 1), dtype=np.int32)
-    cost[:, 0] = np.arange(n + 1)
-    cost[0, :] = np.arange(m + 1)
+    apart = _apart(spoken_starts, heard_starts, n, m)
+    edits = np.zeros((n + 1, m + 1), dtype=np.int32)
+    edits[:, 0] = np.arange(n + 1)
+    edits[0, :] = np.arange(m + 1)
+    drift = np.zeros((n + 1, m + 1))
+
+    def steps(i: int, j: int) -> list[tuple[int, float]]:
+        same = spoken[i - 1] == heard[j - 1]
+        return [
+            (edits[i - 1, j - 1] + (not same), drift[i - 1, j - 1] + (apart[i - 1, j - 1] if same else 0.0)),
+            (edits[i - 1, j] + 1, drift[i - 1, j]),
+            (edits[i, j - 1] + 1, drift[i, j - 1]),
+        ]
+
     for i in range(1, n + 1):
         for j in range(1, m + 1):
-            substitute = cost[i - 1, j - 1] + (spoken[i - 1] != heard[j - 1])
-            cost[i, j] = min(substitute, cost[i - 1, j] + 1, cost[i, j - 1] + 1)
+            edits[i, j], drift[i, j] = min(steps(i, j))
     pairs, i, j = [], n, m
     while i > 0 and j > 0:
-        if cost[i, j] == cost[i - 1, j - 1] + (spoken[i - 1] != heard[j - 1]):
-            if spoken[i - 1] == heard[j - 1]:
-                pairs.append((i - 1, j - 1))
-            i, j = i - 1, j - 1
-        elif cost[i, j] == cost[i - 1, j] + 1:
-            i -= 1
-        else:
-            j -= 1
+        best = steps(i, j).index((edits[i, j], drift[i, j]))
+        if best == 0 and spoken[i - 1] == heard[j - 1]:
+            pairs.append((i - 1, j - 1))
+        i, j = (i - 1, j - 1) if best == 0 else (i - 1, j) if best == 1 else (i, j - 1)
     return pairs[::-1]
+
+
+def _apart(spoken_starts, heard_starts, n: int, m: int) -> np.ndarray:
+    """|heard start - spoken start| of every pair, 0 where either is unknown (or no times given)."""
+    if spoken_starts is None or heard_starts is None:
+        return np.zeros((n, m))
+    a = np.asarray(spoken_starts, dtype=float)[:, None] - np.asarray(heard_starts, dtype=float)[None, :]
+    return np.nan_to_num(np.abs(a), nan=0.0)

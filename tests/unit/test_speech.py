@@ -4,6 +4,7 @@ import soundfile
 
 from tests.support.speech import (
     SAMPLE_RATE,
+    align_words,
     long_clip,
     sentence_clips,
     speak_word,
@@ -103,3 +104,16 @@ def test_write_wav_round_trip(tmp_path):
     samples, rate = soundfile.read(path, dtype="float32")
     assert rate == SAMPLE_RATE
     np.testing.assert_allclose(samples, clip.samples, atol=1 / 32768)
+
+
+def test_a_word_said_more_often_than_heard_pairs_with_the_nearest_occurrence():
+    """Four "words" said, three heard at the first three's times: with times the first three pair
+    (the scoring would otherwise count three right times as 0.3-0.8 s off); without, the last three."""
+    spoken = "more words words words words um".split()
+    heard = "more words words words".split()
+    spoken_starts = [20.13, 20.41, 21.21, 21.48, 21.78, 22.87]
+    heard_starts = [20.12, 20.39, 21.19, 21.48]
+    assert align_words(spoken, heard, spoken_starts, heard_starts) == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert align_words(spoken, heard) == [(0, 0), (2, 1), (3, 2), (4, 3)]
+    # Times break ties only: they never trade a pair of equal words for fewer.
+    assert align_words(["a", "b"], ["a", "b"], [0.0, 1.0], [5.0, 9.0]) == [(0, 0), (1, 1)]
