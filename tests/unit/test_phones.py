@@ -78,6 +78,19 @@ def test_words_moved_onto_their_sound(sentence):
     assert all(a.end <= b.start + 1e-9 for a, b in zip(words, words[1:], strict=False))
 
 
+def test_a_clip_cut_close_around_its_words_keeps_them_off_its_edges(sentence):
+    """A clip cut 50 ms before its first word and 30 ms after its last (as a voice activity detector cuts
+    a command). Given it bare, PocketSphinx began the first word on the clip's first frame (0.05 s
+    early) and ran the last to the clip's end (0.02 s late); with silence laid around it, neither."""
+    first = round((sentence.starts[0] - 0.05) * SAMPLE_RATE)
+    stop = round((sentence.ends[-1] + 0.03) * SAMPLE_RATE)
+    pcm = (np.clip(sentence.samples[first:stop], -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    spans = phones.align_utterance(pcm, sentence.words)
+    assert spans is not None
+    assert 0.0 < spans[0][0] and abs(spans[0][0] - 0.05) <= 0.04
+    assert abs(spans[-1][1] - (sentence.ends[-1] - first / SAMPLE_RATE)) <= 0.015
+
+
 def test_times_are_absolute_when_the_window_starts_later(sentence):
     offset = 30.0
     words = shifted(sentence, offset + 0.08)

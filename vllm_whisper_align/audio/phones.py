@@ -39,6 +39,11 @@ BEAM = 1e-80
 DITHER_LSB = 4
 # See decoder().
 FILLER_PROB = 0.1
+# Silence laid before and after the audio PocketSphinx is given (seconds; 10 frames, an even number, so
+# that the frames whose Gaussians are scored (ds=2) stay the audio's own): its model was trained on
+# utterances with silence around them, and short clips that start or end on a word (all speech to its
+# cepstral mean) had their words placed further from the truth without it.
+EDGE_SILENCE_S = 0.1
 # Worker processes (:class:`Workers`), each about 40 MB: as many as the CPUs, up to 4.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 # How far the model may move a word's start or end from the times it came with (:func:`keep_far_moves`);
@@ -214,7 +219,9 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
         # sample): they keep the last utterance's otherwise, and the same audio was placed 10 ms apart.
         sphinx.reinit_feat()
         sphinx.start_utt()
-        sphinx.process_raw(dithered(pcm), full_utt=True)  # at once: its cepstral mean is its own
+        edge = bytes(2 * round(EDGE_SILENCE_S * SAMPLE_RATE))
+        # At once: its cepstral mean is its own.
+        sphinx.process_raw(dithered(edge + pcm + edge), full_utt=True)
         sphinx.end_utt()
         segments = [s for s in sphinx.seg() or [] if not NOT_WORDS.match(s.word)]
     except RuntimeError:  # no path through it, or a word it would not take
@@ -228,9 +235,15 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
             times.append(None)
             continue
         first, last = segments[i], segments[i + len(pieces) - 1]
-        times.append((first.start_frame * FRAME_S, (last.end_frame + 1) * FRAME_S))
+        times.append((into(pcm, first.start_frame), into(pcm, last.end_frame + 1)))
         i += len(pieces)
     return times
+
+
+def into(pcm: bytes, frame: int) -> float:
+    """Seconds into ``pcm`` of PocketSphinx's ``frame`` (counted from the edge's silence before it),
+    kept within the audio."""
+    return min(max(frame * FRAME_S - EDGE_SILENCE_S, 0.0), len(pcm) / 2 / SAMPLE_RATE)
 
 
 def align_utterances(utterances: Sequence[Utterance]) -> list[WordSpans]:
