@@ -546,9 +546,18 @@ def test_a_killed_driver_leaves_nothing_running_and_writes_nothing_after(corpus,
         assert driver.poll() is None, driver.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no result within 10 minutes"
         time.sleep(0.05)
-    running = " ".join(describe(marked_processes(mark, driver.pid)))
-    for name in ("gcs_server", "raylet", "DashboardAgent", "RuntimeEnvAgent", "ray::MapWorker", "EngineCore"):
-        assert name in running, f"{name} not seen among the job's processes: {running}"
+    # The census must see every kind of process the job runs, or "none left" below proves nothing. One
+    # look right after the first result missed the engine twice in full runs (a process named "python"
+    # where EngineCore was expected: one starting, most likely), so it looks again for a while.
+    expected = ("gcs_server", "raylet", "DashboardAgent", "RuntimeEnvAgent", "ray::MapWorker", "EngineCore")
+    census = time.monotonic() + 60
+    while True:
+        running = " ".join(describe(marked_processes(mark, driver.pid)))
+        missing = [name for name in expected if name not in running]
+        if not missing:
+            break
+        assert time.monotonic() < census, f"{missing} not seen among the job's processes: {running}"
+        time.sleep(0.5)
     before = directory_state(out)
     os.kill(driver.pid, signal.SIGKILL)
     killed = time.monotonic()
