@@ -91,6 +91,20 @@ def test_a_clip_cut_close_around_its_words_keeps_them_off_its_edges(sentence):
     assert abs(spans[-1][1] - (sentence.ends[-1] - first / SAMPLE_RATE)) <= 0.015
 
 
+def test_words_spoken_to_the_audios_end_stay_within_it_to_the_10_ms(sentence):
+    """Audio cut inside its last word 7 ms past a 10 ms frame: the last word ends at the audio's last
+    whole frame, so that its time rounded to 10 ms (as the answer gives it) is not after the audio's
+    end (a packed input's word ended at 1.28 s of 1.2759)."""
+    frame = SAMPLE_RATE // 100
+    stop = int((sentence.starts[-1] + 0.15) * 100) * frame + 7 * frame // 10
+    pcm = (np.clip(sentence.samples[:stop], -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    spans = phones.align_utterance(pcm, sentence.words)
+    assert spans is not None
+    duration = stop / SAMPLE_RATE
+    assert spans[-1][1] == pytest.approx(round(duration - 0.005, 2))
+    assert all(round(end, 2) <= duration for _, end in spans)
+
+
 def test_times_are_absolute_when_the_window_starts_later(sentence):
     offset = 30.0
     words = shifted(sentence, offset + 0.08)

@@ -242,8 +242,9 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
 
 def into(pcm: bytes, frame: int) -> float:
     """Seconds into ``pcm`` of PocketSphinx's ``frame`` (counted from the edge's silence before it),
-    kept within the audio."""
-    return min(max(frame * FRAME_S - EDGE_SILENCE_S, 0.0), len(pcm) / 2 / SAMPLE_RATE)
+    kept within the audio's whole frames: a time rounded to 10 ms then stays within it too."""
+    whole_frames = len(pcm) // 2 // round(FRAME_S * SAMPLE_RATE)
+    return FRAME_S * min(max(frame - round(EDGE_SILENCE_S / FRAME_S), 0), whole_frames)
 
 
 def align_utterances(utterances: Sequence[Utterance]) -> list[WordSpans]:
