@@ -405,7 +405,12 @@ def corpus(tmp_path_factory):
 
 
 def assert_words_match(result: dict, clip) -> None:
-    assert (start_errors(clip, result["words"]) <= 0.2).mean() >= 0.75, result["text"]
+    """The result is this clip's: most of its words, each near its own time. Not a measure of boundaries
+    (those are benchmarks/ and tests/engine's): the acoustic model places espeak-ng's words spoken one
+    at a time between digital silences 0.3 s off now and then (its known weakness on synthetic speech,
+    docs/boundaries.md#an-acoustic-model-of-phones-2026-12-06; "plays" pulled into the pause before it
+    when the silence around each window came in), which a 0.2 s check read as someone else's words."""
+    assert (start_errors(clip, result["words"]) <= 0.5).mean() >= 0.75, result["text"]
 
 
 def test_corpus_job_end_to_end(corpus, tmp_path):
