@@ -219,9 +219,13 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
         # sample): they keep the last utterance's otherwise, and the same audio was placed 10 ms apart.
         sphinx.reinit_feat()
         sphinx.start_utt()
-        edge = bytes(2 * round(EDGE_SILENCE_S * SAMPLE_RATE))
+        # The same samples at every utterance's edges: with Gaussians scored every other frame, the
+        # Gaussians it picks carry over from the frames before, the last utterance's included, and
+        # after other windows the same window came back with a word 60 ms apart. The same frames
+        # first make that state the same.
+        edge = dithered(bytes(2 * round(EDGE_SILENCE_S * SAMPLE_RATE)))
         # At once: its cepstral mean is its own.
-        sphinx.process_raw(dithered(edge + pcm + edge), full_utt=True)
+        sphinx.process_raw(edge + dithered(pcm) + edge, full_utt=True)
         sphinx.end_utt()
         segments = [s for s in sphinx.seg() or [] if not NOT_WORDS.match(s.word)]
     except RuntimeError:  # no path through it, or a word it would not take
