@@ -222,7 +222,8 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
         # The same samples at every utterance's edges: with Gaussians scored every other frame, the
         # Gaussians it picks carry over from the frames before, the last utterance's included, and
         # after other windows the same window came back with a word 60 ms apart. The same frames
-        # first make that state the same.
+        # first make that state the same for most windows, not all (docs/boundaries.md#silence-around-
+        # each-window-2026-12-06).
         edge = dithered(bytes(2 * round(EDGE_SILENCE_S * SAMPLE_RATE)))
         # At once: its cepstral mean is its own.
         sphinx.process_raw(edge + dithered(pcm) + edge, full_utt=True)
