@@ -4,7 +4,7 @@ signal-to-noise ratio, each clip forced to its text with this project's alignmen
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py [--model tiny.en|base]
 
-The speech level a ratio is taken against is the RMS of the louder half of the clip's 10 ms frames (its
+The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written
 to benchmarks/out/noisy_speech/results.json, per condition and method: starts and ends within 50 / 100
 ms of the truth and the starts more than 0.5 s off, over every truth word (forced: every word comes
@@ -29,6 +29,7 @@ from common import cpu_description  # noqa: E402
 from tests.support import real_speech  # noqa: E402
 from tests.support.no_speech import pink_noise, white_noise  # noqa: E402
 from tests.support.speech import end_errors, start_errors  # noqa: E402
+from vllm_whisper_align.audio.features import frame_levels_db  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out" / "noisy_speech"
@@ -36,15 +37,12 @@ OUT = HERE / "out" / "noisy_speech"
 CONDITIONS = [(None, None), ("white", 20), ("white", 10), ("pink", 10), ("pink", 5)]
 METHODS = ("fixed", "heads", "auto")
 NOISES = {"white": white_noise, "pink": pink_noise}
-FRAME = SAMPLE_RATE // 100
 
 
 def speech_level(samples: np.ndarray) -> float:
-    """RMS of the louder half of the 10 ms frames."""
-    frames = samples[: len(samples) // FRAME * FRAME].reshape(-1, FRAME).astype(np.float64)
-    rms = np.sqrt(np.mean(frames**2, axis=1))
-    loud = rms[rms >= np.median(rms)]
-    return float(np.sqrt(np.mean(loud**2)))
+    """RMS of the louder half of the 20 ms frames (the speech mask's frames)."""
+    power = 10 ** (frame_levels_db(samples) / 10)
+    return float(np.sqrt(np.mean(power[power >= np.median(power)])))
 
 
 def with_noise(samples: np.ndarray, noise: str, snr_db: float, seed: int) -> np.ndarray:
