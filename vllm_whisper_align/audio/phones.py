@@ -9,8 +9,8 @@ in its wheel, so it runs offline) forced to the words heard, as WhisperX forces 
 moves each word to where PocketSphinx placed it; a window the search finds no path through is tried
 again in halves (:func:`halves`), and a word that cannot be spelled in phones (:func:`spell`) keeps the
 time it came with. Only the audio and the words' text go in: the times the heads gave (which move by a
-frame with the engine's batch) do not, but where a window is halved. English only: no other language
-has a model here.
+frame with the engine's batch) do not, but where a window is halved and where a word is moved further
+than :func:`keep_far_moves` allows. English only: no other language has a model here.
 """
 
 from __future__ import annotations
@@ -342,7 +342,8 @@ def place_words(words: Sequence[TimedWord], samples: np.ndarray, offset: float, 
     """Moves ``words`` (absolute times; ``samples``, their window's audio, start at ``offset`` seconds) to
     where the acoustic model places them in the window; returns how many it placed. The answer depends
     on the audio and the words' text alone, not on the times they came with, except where the window
-    has no path (:func:`halves`). Words that cannot be placed keep their times."""
+    has no path (:func:`halves`) and where a word moved further than MAX_MOVE_S (:func:`keep_far_moves`).
+    Words that cannot be placed keep their times."""
     if language not in PHONE_LANGUAGES or not words:
         return 0
     pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype(np.int16)
