@@ -1,7 +1,8 @@
 """Test helper: the openai-whisper implementation of a converted model, as an independent reference.
 
 Not a test module.  ``load_reference_model(hf_dir)`` exports the HF directory's weights with
-``to_openai_whisper_checkpoint`` (cached per directory + weights mtime under the temp dir) and
+``to_openai_whisper_checkpoint`` (cached under the temp dir by the weights' content, so that every
+clone and every test's own copy of a model share one file instead of adding one per run) and
 loads them with ``whisper.load_model`` in float32 on CPU, with the alignment heads from
 generation_config.json installed the way openai-whisper stores them.
 """
@@ -21,8 +22,9 @@ from vllm_whisper_align.checkpoints.ct2 import to_openai_whisper_checkpoint
 
 
 def _checkpoint_path(hf_dir: Path) -> Path:
-    st = (hf_dir / "model.safetensors").stat()
-    key = hashlib.sha256(f"{hf_dir.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    digest = hashlib.sha256((hf_dir / "config.json").read_bytes())
+    with open(hf_dir / "model.safetensors", "rb") as weights:
+        key = hashlib.file_digest(weights, lambda: digest).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / "vllm-whisper-align-ref" / f"{key}.pt"
 
 
