@@ -792,28 +792,32 @@ def test_a_long_recording_does_not_queue_ahead_of_later_requests(narrow_server, 
 
 def test_short_requests_that_wait_together_share_windows_and_keep_their_own_words(server):
     """Two dozen short clips sent at once: the busy server packs those that wait into shared windows
-    (the stats route counts them), and each answer holds its own clip's words at its own times."""
+    (the stats route counts them), and each answer holds its own clip's words at its own times, as
+    accurately as the same clips sent one at a time to the idle server (unpacked). (Against the clips
+    sent alone, not a fixed floor: on espeak-ng's isolated words the acoustic model of phones moves a
+    word by up to 0.3 s with any change of its input, and the share within 0.1 s moves by a word or two
+    with which requests happen to wait together.)"""
     clips = distinct_clips(24)
-    before = server_stats(server)
 
-    async def send_all():
+    async def send(client, k, clip):
+        return await client.audio.transcriptions.create(
+            model=SERVED_NAME,
+            file=(f"{k}.wav", wav_bytes(clip)),
+            response_format="verbose_json",
+            timestamp_granularities=["word"],
+        )
+
+    async def send_alone_then_together():
         client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600, max_retries=0)
         try:
-            return await asyncio.gather(
-                *(
-                    client.audio.transcriptions.create(
-                        model=SERVED_NAME,
-                        file=(f"{k}.wav", wav_bytes(clip)),
-                        response_format="verbose_json",
-                        timestamp_granularities=["word"],
-                    )
-                    for k, clip in enumerate(clips)
-                )
-            )
+            alone = [await send(client, k, clip) for k, clip in enumerate(clips)]
+            before = server_stats(server)
+            together = await asyncio.gather(*(send(client, k, clip) for k, clip in enumerate(clips)))
+            return alone, together, before
         finally:
             await client.close()
 
-    results = asyncio.run(send_all())
+    alone, results, before = asyncio.run(send_alone_then_together())
     after = server_stats(server)
     assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
     assert after["packed_windows"] > before["packed_windows"]
@@ -829,8 +833,14 @@ def test_short_requests_that_wait_together_share_windows_and_keep_their_own_word
             foreign = heard & ({w.lower() for w in other.words} - own)
             assert len(foreign) <= 1, (clip.text, result.text, other.text)
         assert all(0 <= w.start <= w.end <= clip.duration + 1e-6 for w in result.words)
-    errors = np.concatenate([start_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
-    assert np.mean(errors <= 0.1) >= 0.7
+
+    def within(answers, seconds):
+        errors = np.concatenate([start_errors(c, a.words) for c, a in zip(clips, answers, strict=True)])
+        return float(np.mean(errors <= seconds))  # a word not heard counts as off
+
+    for seconds in (0.1, 0.5):
+        packed, unpacked = within(results, seconds), within(alone, seconds)
+        assert packed >= unpacked - 0.05, (seconds, packed, unpacked)
 
 
 @pytest.fixture(scope="module")
