@@ -167,6 +167,17 @@ def test_answers_do_not_depend_on_the_utterances_before():
     assert len(answers) == 1, answers
 
 
+def test_a_window_without_a_path_within_the_beam_is_searched_without_one(sentence, monkeypatch):
+    """A beam this narrow leaves no path through the sentence (as BEAM leaves none through 25 s of
+    speech with white noise 20 dB under it): the search without a beam places the words where BEAM's
+    does."""
+    pcm = (np.clip(sentence.samples, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    placed = phones.align_utterance(pcm, sentence.words)  # this process's decoder
+    assert phones.search(phones.decoder(), pcm, sentence.words, 1e-2) is None
+    monkeypatch.setattr(phones, "BEAM", 1e-2)
+    assert phones.align_utterance(pcm, sentence.words) == placed
+
+
 def test_answers_do_not_depend_on_the_times_given(sentence):
     """The heads' times move by a frame with the engine's batch; the placed words must not."""
     early, late = shifted(sentence, 0.03), shifted(sentence, 0.15)

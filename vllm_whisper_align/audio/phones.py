@@ -6,9 +6,10 @@ level and spectrum of the audio. An HMM trained on phones was: PocketSphinx's US
 in its wheel, so it runs offline) forced to the words heard, as WhisperX forces wav2vec2 to them.
 
 :func:`place_words` forces a window's words onto the window's audio, the whole window at once, and
-moves each word to where PocketSphinx placed it; a window the search finds no path through is tried
-again in halves (:func:`halves`), and a word that cannot be spelled in phones (:func:`spell`) keeps the
-time it came with. Only the audio and the words' text go in: the times the heads gave (which move by a
+moves each word to where PocketSphinx placed it; a window the search finds no path through within its
+beam is searched again without one (:func:`align_utterance`), one it has no path through at all (more
+words than its frames hold) is tried again in halves (:func:`halves`), and a word that cannot be
+spelled in phones (:func:`spell`) keeps the time it came with. Only the audio and the words' text go in: the times the heads gave (which move by a
 frame with the engine's batch) do not, but where a window is halved and where a word is moved further
 than :func:`keep_far_moves` allows. English only: no other language has a model here.
 """
@@ -32,7 +33,8 @@ from vllm_whisper_align.constants import SAMPLE_RATE
 # Languages whose words the acoustic model can place.
 PHONE_LANGUAGES = frozenset({"en"})
 # PocketSphinx's search beams, wider than its defaults (1e-48), at which 25 s of spontaneous speech with
-# a cold and long pauses had no path.
+# a cold and long pauses had no path. Where these find none, the search runs again without a beam
+# (:func:`align_utterance`).
 BEAM = 1e-80
 # Noise added to the samples (PCM16 steps, either way): digital silence (exact zeros, as synthesized
 # or gated audio has) is log(0) to the model's features, and words were pulled into it.
@@ -175,9 +177,6 @@ def decoder() -> Any:
             samprate=SAMPLE_RATE,
             bestpath=False,
             loglevel="FATAL",
-            beam=BEAM,
-            wbeam=BEAM,
-            pbeam=BEAM,
             # Its noise tracker carries over from one utterance to the next: answers would depend on
             # the requests before.
             remove_noise=False,
@@ -201,7 +200,10 @@ def dithered(pcm: bytes) -> bytes:
 
 def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
     """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
-    (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path."""
+    (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path.
+    Searched within BEAM, and where that finds no path, again without a beam (0: every path kept; about
+    3 times the CPU): in noise the best path falls out of any beam over a long window (25 s of speech
+    with white noise 20 dB under it had no path at 1e-300), and the window was cut in pieces instead."""
     if len(pcm) // 2 < MIN_SAMPLES:  # PCM16: two bytes a sample
         return None
     sphinx = decoder()
@@ -213,6 +215,27 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
+    segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
+    if segments is None:
+        return None
+    times: list[tuple[float, float] | None] = []
+    i = 0
+    for pieces in spelled:
+        if not pieces:
+            times.append(None)
+            continue
+        first, last = segments[i], segments[i + len(pieces) - 1]
+        times.append((into(pcm, first.start_frame), into(pcm, last.end_frame + 1)))
+        i += len(pieces)
+    return times
+
+
+def search(sphinx: Any, pcm: bytes, words: Sequence[str], beam: float) -> list | None:
+    """PocketSphinx's segments of ``words`` (fillers left out) forced onto ``pcm`` within ``beam`` of the
+    best path, or None where it finds no path."""
+    # The alignment search is made anew for each text, with the beams the decoder's configuration has.
+    for name in ("beam", "wbeam", "pbeam"):
+        sphinx.config[name] = beam
     try:
         sphinx.set_align_text(" ".join(words))
         # Its features start afresh (the cepstral mean it starts from, the pre-emphasis filter's last
@@ -229,20 +252,11 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
         sphinx.process_raw(edge + dithered(pcm) + edge, full_utt=True)
         sphinx.end_utt()
         segments = [s for s in sphinx.seg() or [] if not NOT_WORDS.match(s.word)]
-    except RuntimeError:  # no path through it, or a word it would not take
+    except RuntimeError:  # a word it would not take
         return None
-    if [re.sub(r"\(\d+\)$", "", s.word) for s in segments] != words:  # "the(2)": a variant
-        return None
-    times: list[tuple[float, float] | None] = []
-    i = 0
-    for pieces in spelled:
-        if not pieces:
-            times.append(None)
-            continue
-        first, last = segments[i], segments[i + len(pieces) - 1]
-        times.append((into(pcm, first.start_frame), into(pcm, last.end_frame + 1)))
-        i += len(pieces)
-    return times
+    if [re.sub(r"\(\d+\)$", "", s.word) for s in segments] != list(words):  # "the(2)": a variant
+        return None  # no path through it
+    return segments
 
 
 def into(pcm: bytes, frame: int) -> float:
@@ -397,8 +411,9 @@ def place_span(
 def halves(words: Sequence[TimedWord], first: int, stop: int, offset: float) -> tuple[int, float]:
     """Where a span without a path is cut in two: before the word after the widest pause between
     ``words[first:stop]`` (their times so far; the middlemost of equals), at the pause's middle. A
-    long-form window whose text holds a few words spoken in the next window has no path: its halves,
-    one of them without those words, do."""
+    window whose text holds more words than its audio has frames for has no path even unpruned; where
+    those words crowd one part of it (a long-form window's text holding a few of the next window's
+    words), the other half has one."""
     middle = (first + stop) / 2
     # The widest pause (to 10 ms), the one nearest the middle among equals: continuous speech halves.
     cut = max(
