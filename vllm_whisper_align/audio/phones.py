@@ -9,9 +9,10 @@ in its wheel, so it runs offline) forced to the words heard, as WhisperX forces 
 moves each word to where PocketSphinx placed it; a window the search finds no path through within its
 beam is searched again without one (:func:`align_utterance`), one it has no path through at all (more
 words than its frames hold) is tried again in halves (:func:`halves`), and a word that cannot be
-spelled in phones (:func:`spell`) keeps the time it came with. Only the audio and the words' text go in: the times the heads gave (which move by a
-frame with the engine's batch) do not, but where a window is halved and where a word is moved further
-than :func:`keep_far_moves` allows. English only: no other language has a model here.
+spelled in phones (:func:`spell`) keeps the time it came with. Only the audio and the words' text go
+in: the times the heads gave (which move by a frame with the engine's batch) do not, but where a
+window is halved and where a word is moved further than :func:`keep_far_moves` allows. English only:
+no other language has a model here.
 """
 
 from __future__ import annotations
@@ -252,7 +253,7 @@ def search(sphinx: Any, pcm: bytes, words: Sequence[str], beam: float) -> list |
         sphinx.process_raw(edge + dithered(pcm) + edge, full_utt=True)
         sphinx.end_utt()
         segments = [s for s in sphinx.seg() or [] if not NOT_WORDS.match(s.word)]
-    except RuntimeError:  # a word it would not take
+    except RuntimeError:  # no path through it, or a word it would not take
         return None
     if [re.sub(r"\(\d+\)$", "", s.word) for s in segments] != list(words):  # "the(2)": a variant
         return None  # no path through it
