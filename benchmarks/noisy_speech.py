@@ -87,7 +87,9 @@ def main() -> None:
             ]
             for method in METHODS:
                 if args.task == "align":
-                    results = aligner.align(audio, [c.text for c in clips], alignment_method=method)
+                    results = aligner.align(
+                        audio, [c.text for c in clips], language="en", alignment_method=method
+                    )
                 else:
                     results = aligner.transcribe(audio, language="en", alignment_method=method)
                 starts = np.concatenate(
