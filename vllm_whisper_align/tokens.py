@@ -145,11 +145,12 @@ class WhisperTokens:
         task_id = self.translate if task == "translate" else self.transcribe
         return [self.sot, self.language_ids[language], task_id, self.no_timestamps]
 
-    def alignment_room(self, language: str | None) -> int:
+    def alignment_room(self) -> int:
         """Text tokens that fit in a teacher-forced sequence (``alignment_prompt``) in the decoder: the
         start tokens, the text and eot, and the one token vLLM generates after a prompt (it refuses a
-        prompt that fills the context)."""
-        return MAX_DECODER_TOKENS - len(self.transcription_prompt(language)) - 2
+        prompt that fills the context). The start tokens are as many for every language (English's
+        stand for all): a multilingual model's room is known before its language is."""
+        return MAX_DECODER_TOKENS - len(self.transcription_prompt("en")) - 2
 
     def alignment_prompt(self, language: str | None, text_tokens: list[int]) -> list[int]:
         """The reference's teacher-forced sequence: [sot…, no_timestamps, text…, eot]."""

@@ -9,7 +9,7 @@ import pytest
 from vllm_whisper_align.align.packing import WordTokens, owners, token_ranges, word_rows
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE
-from vllm_whisper_align.options import TranscriptionOptions
+from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
 from vllm_whisper_align.runners import packing as packing_runner
 from vllm_whisper_align.runners.driver import EngineFacts, Generate
 from vllm_whisper_align.runners.packing import ALONE, packed_token_cap, packed_window, packs_of
@@ -178,3 +178,24 @@ def test_words_squeezed_into_no_time_or_speech_left_without_words_are_not_an_inp
     assert not holds_its_own_words(squeezed + own, sample)
     assert not holds_its_own_words(own[-2:], sample)
     assert holds_its_own_words(own[1:], sample)  # the first word missing: cut off, not taken
+
+
+def test_a_multilingual_models_forced_text_is_read_before_its_language_is_known():
+    """base's alignment room is the same for every language: a forced alignment without a language
+    (English by default) was refused by the offline API and by packing ("a multilingual model needs a
+    language") before its language was ever needed."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
+
+    rooms = {}
+    for path in (base_model_path(), default_model_path()):
+        vocab_size = AutoConfig.from_pretrained(path).vocab_size
+        tokens = WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(path), vocab_size)
+        given = packing_runner.given_tokens(" Hello there.", None, tokens)
+        assert given, path
+        assert packing_runner.alignable(
+            np.zeros(SAMPLE_RATE, dtype=np.float32), given, tokens, AlignmentOptions()
+        )
+        rooms[tokens.is_english_only] = tokens.alignment_room()
+    assert rooms[False] == rooms[True] - 2  # [sot, language, task, no_timestamps], [sot, no_timestamps]

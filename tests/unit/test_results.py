@@ -133,7 +133,7 @@ def test_a_long_prompt_is_tokenized_from_its_tail_the_last_tokens_unchanged(toke
 def test_an_alignment_text_longer_than_the_decoder_holds_is_refused_before_it_is_tokenized(tokens):
     counted, lengths = counting(tokens)
     audio = noise(5 * SAMPLE_RATE)
-    room = tokens.alignment_room(None)  # 448 - the start tokens - eot - one token generated
+    room = tokens.alignment_room()  # 448 - the start tokens - eot - one token generated
     assert room == 448 - len(tokens.transcription_prompt(None)) - 2
     with pytest.raises(AlignmentInputError, match=f"characters, more than the {room} tokens"):
         decoding.plan_alignment(audio, counted, text="the " * 100_000)
@@ -149,7 +149,7 @@ def test_a_text_with_more_characters_than_the_decoder_holds_is_refused_before_it
     megabyte used to be tokenized on the event loop, about 0.6 s, before it was refused)."""
     counted, lengths = counting(tokens)
     audio = noise(5 * SAMPLE_RATE)
-    room = tokens.alignment_room(None)
+    room = tokens.alignment_room()
     for text in ("the cat " * 150_000, "x" * (room + 1)):
         with pytest.raises(AlignmentInputError, match=f"text is {len(text.replace(' ', ''))} characters; at"):
             decoding.plan_alignment(audio, counted, text=text, alignment_method="characters")

@@ -91,7 +91,7 @@ def force_jobs(
     """One forced job per window (or per window of ``indices``) for its share of ``split`` (None for a
     window without text), with the fillers of ``split.extra`` (indices into ``transcribed``, its heard
     words)."""
-    room = tokens.alignment_room(language)
+    room = tokens.alignment_room()
     jobs: list[Force | None] = []
     for index in range(len(windows)) if indices is None else indices:
         window = windows[index]

@@ -610,7 +610,7 @@ def plan_alignment(
         raise AlignmentInputError(
             f"audio is {duration:.3f} s; forced alignment needs at least {MIN_ALIGNMENT_SECONDS:g} s"
         )
-    room = tokens.alignment_room(language)
+    room = tokens.alignment_room()
     if method.forces_characters:
         text_tokens = character_tokens(text, token_ids, tokens, room)
     else:

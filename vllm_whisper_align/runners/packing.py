@@ -203,7 +203,7 @@ def alignable(
         and packing.packable_length(len(samples))
         and decoding.can_align(len(samples))
         and not options.method.forces_characters
-        and 2 * len(given) <= tokens.alignment_room(None)
+        and 2 * len(given) <= tokens.alignment_room()
     )
 
 
@@ -212,7 +212,7 @@ def given_tokens(
 ) -> list[int] | None:
     """The text's tokens as a forced alignment reads them; None where they are not valid."""
     try:
-        return decoding.text_to_tokens(text, token_ids, tokens, tokens.alignment_room(None))
+        return decoding.text_to_tokens(text, token_ids, tokens, tokens.alignment_room())
     except AlignmentInputError:
         return None
 
@@ -284,7 +284,7 @@ def alignments(
     packed = packs_of(
         [len(s) if flag else None for s, flag in zip(samples, flags, strict=True)],
         [len(g or ()) for g in given],
-        tokens.alignment_room(language),
+        tokens.alignment_room(),
     )
     return (
         yield from _packed_or_alone(
@@ -549,7 +549,7 @@ class PackQueue:
         texts: as many as the decoder holds)."""
         first = self.waiting[0]
         group = [first]
-        room = self.facts.tokens.alignment_room(first.language)
+        room = self.facts.tokens.alignment_room()
         for item in self.waiting[1:]:
             joined = [*group, item]
             counts = None if first.given is None else [len(member.given or ()) for member in joined]
