@@ -65,12 +65,16 @@ def test_only_packable_inputs_share_windows_and_never_alone():
     assert packs_of([14 * SAMPLE_RATE, 2 * SAMPLE_RATE, 14 * SAMPLE_RATE]) == [[0, 1]]
 
 
-@pytest.fixture(scope="module")
-def tokens(model_dir):
+def whisper_tokens(model_dir) -> WhisperTokens:
     from transformers import AutoConfig, AutoTokenizer
 
     vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
     return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+
+
+@pytest.fixture(scope="module")
+def tokens(model_dir):
+    return whisper_tokens(model_dir)
 
 
 def test_a_packed_window_decodes_no_more_than_its_inputs_speech_can_hold(tokens):
@@ -184,14 +188,11 @@ def test_a_multilingual_models_forced_text_is_read_before_its_language_is_known(
     """base's alignment room is the same for every language: a forced alignment without a language
     (English by default) was refused by the offline API and by packing ("a multilingual model needs a
     language") before its language was ever needed."""
-    from transformers import AutoConfig, AutoTokenizer
-
     from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
 
     rooms = {}
     for path in (base_model_path(), default_model_path()):
-        vocab_size = AutoConfig.from_pretrained(path).vocab_size
-        tokens = WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(path), vocab_size)
+        tokens = whisper_tokens(path)
         given = packing_runner.given_tokens(" Hello there.", None, tokens)
         assert given, path
         assert packing_runner.alignable(

@@ -204,7 +204,7 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
     (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path.
     Searched within BEAM, and where that finds no path, again without a beam (0: every path kept; about
     3 times the CPU): in noise the best path falls out of any beam over a long window (25 s of speech
-    with white noise 20 dB under it had no path at 1e-300), and the window was cut in pieces instead."""
+    with white noise 10 dB under it had no path at 1e-300), and the window was cut in pieces instead."""
     if len(pcm) // 2 < MIN_SAMPLES:  # PCM16: two bytes a sample
         return None
     sphinx = decoder()
