@@ -4,7 +4,8 @@ job's replicas), each carried out as ``runners.driver`` asks.
 Every window of every request is its own engine request, so they batch with all other traffic. Once a
 request's tokens are back, its alignment matrices are fetched from the workers through
 ``collective_rpc``; DTW and the long-form text matching then run in threads (NumPy and the numba
-kernels release the GIL), so the event loop keeps serving. A request whose client goes away is
+kernels release the GIL), so the event loop keeps serving, taken in turn by the requests waiting for
+one (:mod:`.fair_threads`). A request whose client goes away is
 cancelled: its engine requests are aborted and its captures dropped. Knows no HTTP: it raises the
 domain errors of ``vllm_whisper_align.errors``.
 """
@@ -41,6 +42,7 @@ from vllm_whisper_align.protocol import (
     WhisperAlignConfig,
 )
 from vllm_whisper_align.runners import decoding, driver, packing
+from vllm_whisper_align.runners.fair_threads import FairThreads
 from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
@@ -116,6 +118,8 @@ class AlignmentService:
         # A safety net: the server decodes with this bound, which refuses longer audio first.
         self.max_audio_s = max_audio_s
         self.windows_in_flight = windows_in_flight(engine_client.vllm_config)
+        # The requests' Compute work (finishing windows), a thread to each waiting request in turn.
+        self.compute = FairThreads()
         self._requests_in_flight = 0
         self._requests_started = 0
         self._idle_tasks: set[asyncio.Task] = set()
@@ -387,7 +391,7 @@ class _Carrier:
             requests = command.requests
             return list(await asyncio.gather(*(self.generate(request, urgent) for request in requests)))
         if isinstance(command, driver.Compute):
-            return await asyncio.gather(*(asyncio.to_thread(function) for function in command.functions))
+            return await service.compute.run(self.request_id, command.functions)
         if isinstance(command, driver.NoSpeech):
             return await service.no_speech(command.keys)
         if isinstance(command, driver.Fetch):
