@@ -1,9 +1,11 @@
 """audio.phones: Whisper's words spelled in the dictionary's words, and placed by PocketSphinx on speech
 whose word starts are known (espeak-ng, continuous)."""
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 import pytest
 
 from tests.support.speech import synthesize_sentence, synthesize_words
@@ -205,3 +207,12 @@ def test_audio_too_short_for_a_word_keeps_its_times_and_the_worker_goes_on(sente
     assert [(w.start, w.end) for w in words] == [(0.0, 0.02), (0.02, 0.04)]
     after = shifted(sentence, 0.05)
     assert phones.place_words(after, sentence.samples, 0.0, "en") == len(after)
+
+
+def test_a_worker_runs_at_a_lower_cpu_priority_than_its_parent(sentence):
+    worker = phones.Worker()
+    try:
+        assert worker.align([((sentence.samples * 32767).astype(np.int16).tobytes(), [" hello"])])
+        assert psutil.Process(worker._process.pid).nice() == os.nice(0) + phones.NICENESS
+    finally:
+        worker.close()

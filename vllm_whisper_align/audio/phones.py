@@ -49,6 +49,10 @@ FILLER_PROB = 0.1
 EDGE_SILENCE_S = 0.1
 # Worker processes (:class:`Workers`), each about 40 MB: as many as the CPUs, up to 4.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# How much lower the workers' CPU priority is than their parent's (nice): the engine's forward runs a
+# thread on every core and waits for the slowest, so a core a search takes holds back every request in
+# the batch, where a search that waits holds back one window's words.
+NICENESS = 10
 # How far the model may move a word's start or end from the times it came with (:func:`keep_far_moves`);
 # the heads' and rules' times were over 0.5 s off for at most 5 of the real sets' 322 words.
 MAX_MOVE_S = 0.5
@@ -339,6 +343,7 @@ _workers = Workers(WORKERS)
 def serve() -> None:
     """The worker's loop: a list of utterances in, their words' times out, until stdin closes."""
     channel_in, channel_out = sys.stdin.buffer, sys.stdout.buffer
+    os.nice(NICENESS)
     sys.stdout = sys.stderr  # nothing but answers on the channel
     while True:
         try:
