@@ -59,7 +59,7 @@ class FairThreads:
             self._release(owner)
             raise
         # The thread is free when the function returns, not when its caller stops waiting (cancelled).
-        call.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, owner))
+        call.add_done_callback(lambda _: loop.is_closed() or loop.call_soon_threadsafe(self._release, owner))
         return await asyncio.wrap_future(call)
 
     async def _turn(self, owner: Hashable) -> None:
