@@ -306,8 +306,10 @@ def run_facts(script: str, dtype: str) -> dict:
     """When, by which command, on which machine a run of ``script`` (benchmarks/NAME) was taken."""
     return {
         "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "command": f"flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/{script} "
-        + shlex.join(sys.argv[1:]),
+        "command": shlex.join(
+            ["flock", "-x", "/tmp/vwa-bench.lock", ".venv/bin/python", f"benchmarks/{script}"]
+        )
+        + "".join(f" {shlex.quote(arg)}" for arg in sys.argv[1:]),
         "cpu": cpu_description(),
         "cores": len(os.sched_getaffinity(0)),
         "dtype": dtype,

@@ -1,0 +1,170 @@
+"""A short request beside a long forced alignment: how long does it wait for its words?
+
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/beside_long.py     # about 8 minutes
+
+It starts `vllm-whisper-align serve` with its defaults (`--serve-args` adds flags). One client posts
+a short espeak-ng sentence (tests/support/speech.py) with word timestamps, one request after another,
+half a second apart: first on the idle server, then while one long forced alignment runs beside it,
+for each of `--long`:
+
+- *speech*: benchmarks/audio.py's continuous recording (5 min, every word's start known) twice, with
+  its text: an ordinary long alignment;
+- *noise*: 10 minutes of white noise given 9 words a second of that text: hostile (every window's words
+  forced onto noise, the acoustic model's costliest search).
+
+Prints and writes (benchmarks/out/beside_long.json) the short requests' times (median, p90, max) and
+the long request's, alone (before the short requests) and beside them, with a table for
+benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "runners"))
+from audio import build_alignment  # noqa: E402
+from common import load_wav  # noqa: E402
+from streaming_bench import run_facts, server_in  # noqa: E402
+
+from tests.support.servers import wav_bytes  # noqa: E402
+from tests.support.speech import sentence_clips  # noqa: E402
+from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
+
+OUT = HERE / "out" / "beside_long.json"
+RECORDING_ID = "align_continuous"
+COPIES = 2
+NOISE_WORDS_PER_S = 9
+ALONE_REQUESTS = 5
+PAUSE_S = 0.5
+
+
+def long_inputs(kind: str) -> tuple[bytes, str]:
+    """The long alignment's audio (wav) and text."""
+    truth_path = HERE / "out" / "audio" / "align_truth.json"
+    truth = (
+        json.loads(truth_path.read_text()) if truth_path.exists() else build_alignment(HERE / "out" / "audio")
+    )
+    one = truth[RECORDING_ID]
+    samples = np.tile(load_wav(one["path"]), COPIES)
+    text = " ".join([one["text"]] * COPIES)
+    if kind == "noise":
+        samples = (np.random.default_rng(0).standard_normal(len(samples)) * 0.05).astype(np.float32)
+        words = text.split()
+        count = int(len(samples) / SAMPLE_RATE * NOISE_WORDS_PER_S)
+        text = " ".join((words * (count // len(words) + 1))[:count])
+    return wav_bytes(samples), text
+
+
+async def short_request(http: httpx.AsyncClient, server: str, audio: bytes) -> float:
+    started = time.perf_counter()
+    response = await http.post(
+        f"{server}/v1/audio/transcriptions",
+        files={"file": ("short.wav", audio, "audio/wav")},
+        data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
+    )
+    response.raise_for_status()
+    return time.perf_counter() - started
+
+
+async def long_alone(server: str, long: tuple[bytes, str]) -> float:
+    """The long alignment's time with nothing beside it."""
+    async with httpx.AsyncClient(timeout=3600) as http:
+        started = time.perf_counter()
+        await align(http, server, long)
+        return round(time.perf_counter() - started, 1)
+
+
+async def align(http: httpx.AsyncClient, server: str, long: tuple[bytes, str]) -> None:
+    audio, text = long
+    response = await http.post(
+        f"{server}/v1/audio/alignments",
+        files={"file": ("long.wav", audio, "audio/wav")},
+        data={"text": text, "response_format": "verbose_json"},
+    )
+    response.raise_for_status()
+
+
+async def beside(server: str, short: bytes, long: tuple[bytes, str]) -> dict:
+    """Short requests one after another while the long alignment runs: their times and its."""
+    async with httpx.AsyncClient(timeout=3600) as http:
+        started = time.perf_counter()
+        task = asyncio.create_task(align(http, server, long))
+        times = []
+        while not task.done():
+            times.append(await short_request(http, server, short))
+            await asyncio.sleep(PAUSE_S)
+        await task
+        return {"long_s": round(time.perf_counter() - started, 1), **summary(times)}
+
+
+def summary(times: list[float]) -> dict:
+    return {
+        "requests": len(times),
+        "median_s": round(float(np.median(times)), 2),
+        "p90_s": round(float(np.percentile(times, 90)), 2),
+        "max_s": round(max(times), 2),
+    }
+
+
+async def measure(server: str, kinds: list[str]) -> dict:
+    short = wav_bytes(sentence_clips()[0].samples)
+    async with httpx.AsyncClient(timeout=600) as http:
+        for _ in range(3):  # warm-up
+            await short_request(http, server, short)
+        alone = [await short_request(http, server, short) for _ in range(ALONE_REQUESTS)]
+    rows = {"alone": summary(alone)}
+    for kind in kinds:
+        long = long_inputs(kind)
+        rows[kind] = {"long_alone_s": await long_alone(server, long), **await beside(server, short, long)}
+        print(f"beside_long: {kind}: {rows[kind]}", flush=True)
+    return rows
+
+
+def report(result: dict) -> str:
+    lines = [
+        f"Taken {result['taken']} under `flock -x /tmp/vwa-bench.lock` by `{result['command']}`; "
+        f"{result['cpu']}, {result['cores']} cores, tiny.en {result['dtype']}.",
+        "",
+        "| beside | short requests | short: median / p90 / max s | the long alignment, s: alone / beside |",
+        "|---|---|---|---|",
+    ]
+    for kind, row in result["rows"].items():
+        lines.append(
+            f"| {kind} | {row['requests']} | {row['median_s']} / {row['p90_s']} / {row['max_s']} "
+            f"| {row.get('long_alone_s', '–')} / {row.get('long_s', '–')} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--long", default="speech,noise", help="comma-separated: speech, noise")
+    parser.add_argument("--server", default=None, help="a running server's URL (default: start serve)")
+    parser.add_argument("--serve-args", default="", help="flags added to serve's command line")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        server, dtype = server_in(stack, args.server, None, args.serve_args)
+        result = {
+            **run_facts("beside_long.py", dtype),
+            "rows": asyncio.run(measure(server, args.long.split(","))),
+        }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    print(report(result))
+
+
+if __name__ == "__main__":
+    main()
