@@ -199,6 +199,12 @@ def write_clip(out_dir: Path, clip_id: str, clip: SpokenClip, meta: dict) -> dic
     }
 
 
+def alignment_truth(out_dir: Path) -> dict:
+    """The long recordings' truth (align_truth.json in ``out_dir``), built first where it is missing."""
+    path = out_dir / "align_truth.json"
+    return json.loads(path.read_text()) if path.exists() else build_alignment(out_dir)
+
+
 def build_alignment(out_dir: Path, log=print) -> dict:
     """The two long recordings for forced alignment; wavs + align_truth.json."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "runners"))
-from audio import build_alignment  # noqa: E402
+from audio import alignment_truth  # noqa: E402
 from common import load_wav  # noqa: E402
 from streaming_bench import run_facts, server_in  # noqa: E402
 
@@ -53,11 +53,7 @@ PAUSE_S = 0.5
 
 def long_inputs(kind: str) -> tuple[bytes, str]:
     """The long alignment's audio (wav) and text."""
-    truth_path = HERE / "out" / "audio" / "align_truth.json"
-    truth = (
-        json.loads(truth_path.read_text()) if truth_path.exists() else build_alignment(HERE / "out" / "audio")
-    )
-    one = truth[RECORDING_ID]
+    one = alignment_truth(HERE / "out" / "audio")[RECORDING_ID]
     samples = np.tile(load_wav(one["path"]), COPIES)
     text = " ".join([one["text"]] * COPIES)
     if kind == "noise":

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "runners"))
 
-from audio import build_alignment  # noqa: E402
+from audio import alignment_truth  # noqa: E402
 from common import load_wav, log  # noqa: E402
 from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
 
@@ -84,9 +84,7 @@ async def warm_up(base: str, samples: np.ndarray) -> None:
 def build_recording(hours: float) -> tuple[Path, str, np.ndarray, float, np.ndarray]:
     """The repeated recording as Opus, its text, every word's true start, its duration, and the samples
     of one copy."""
-    truth_path = OUT / "audio" / "align_truth.json"
-    truth = json.loads(truth_path.read_text()) if truth_path.exists() else build_alignment(OUT / "audio")
-    one = truth[RECORDING_ID]
+    one = alignment_truth(OUT / "audio")[RECORDING_ID]
     samples = load_wav(one["path"])
     repeats = max(1, int(np.ceil(hours * 3600 / one["duration"])))
     copy_s = len(samples) / SAMPLE_RATE

@@ -307,9 +307,8 @@ def run_facts(script: str, dtype: str) -> dict:
     return {
         "taken": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "command": shlex.join(
-            ["flock", "-x", "/tmp/vwa-bench.lock", ".venv/bin/python", f"benchmarks/{script}"]
-        )
-        + "".join(f" {shlex.quote(arg)}" for arg in sys.argv[1:]),
+            ["flock", "-x", "/tmp/vwa-bench.lock", ".venv/bin/python", f"benchmarks/{script}", *sys.argv[1:]]
+        ),
         "cpu": cpu_description(),
         "cores": len(os.sched_getaffinity(0)),
         "dtype": dtype,
