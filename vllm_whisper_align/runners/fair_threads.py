@@ -2,9 +2,9 @@
 
 A request's windows are finished (DTW, the boundary rules, the acoustic model's search) in threads: a
 long-form alignment of an hour hands over 120 windows at once. Queued in arrival order, as a plain
-executor queues them, a short request that came a moment later waited for all 120 (seconds, where its
-own window takes a tenth of one). Here each free thread goes to the next request in turn among those
-waiting, so a request waits for a thread's current window at most, whatever others have queued.
+executor queues them, a short request that came a moment later waited for all 120. Here each free
+thread goes to the next request in turn among those waiting, so a request waits for a thread's current
+window at most, whatever others have queued.
 """
 
 from __future__ import annotations
