@@ -7,9 +7,12 @@ import pytest
 from transformers import AutoConfig, AutoTokenizer
 
 from tests.support.plans import every_window_planned
+from tests.support.speech import synthesize_sentence
 from vllm_whisper_align.align import results
+from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.errors import AlignmentInputError
+from vllm_whisper_align.options import TranscriptionOptions
 from vllm_whisper_align.runners import decoding
 from vllm_whisper_align.tokens import WhisperTokens
 
@@ -170,3 +173,94 @@ def test_text_forced_one_character_a_token_keeps_its_words(tokens):
     cross_qk = np.random.default_rng(0).standard_normal((1, rows, 100)).astype(np.float32)
     result = answered(plan, tokens, cross_qk=cross_qk, text_ids=ids)
     assert [w["word"] for w in result["words"]] == [" " + word for word in text.split()]
+
+
+# ---------------------------------------------------------------------------- a window with a known prefix
+
+
+def token_word(text: str, start: float, end: float, tokens: WhisperTokens) -> Word:
+    return Word(start, end, text, 0.9, tokens=tokens.encode(text))
+
+
+def test_a_windows_words_are_matched_to_its_prefix_by_their_tokens(tokens):
+    prefix = [token_word(" the", 0.5, 0.6, tokens), token_word(" cat", 0.6, 0.9, tokens)]
+    decoded = [replace(w, start=0.0, end=0.1) for w in prefix] + [token_word(" sat", 0.2, 0.3, tokens)]
+    assert results.after_prefix(decoded, prefix) == (2, 0.9)
+    assert results.after_prefix(decoded, []) == (0, 0.0)
+    # The decode wrote a comma after the prefix's last word: that word holds more than the prefix's.
+    merged = [decoded[0], replace(decoded[1], word=" cat,", tokens=tokens.encode(" cat,")), decoded[2]]
+    assert results.after_prefix(merged, prefix) == (1, 0.6)
+
+
+@pytest.fixture(scope="module")
+def sentence():
+    return synthesize_sentence("the quick brown fox jumps over the lazy dog near the river bank")
+
+
+def diagonal_answer(window, word_tokens: list[list[int]], starts: list[float]) -> dict:
+    """The worker's answer for ``window`` had its one head attended to each token from its word's start
+    (a word's later tokens 40 ms apart) to the next token's time (a plain diagonal), and eot to the
+    0.4 s after the last word's start."""
+    params = window.alignment
+    num_text = sum(len(t) for t in word_tokens)
+    frames = params.num_frames // 2
+    # A little noise: a frame that every row attends to alike has no z-score.
+    qk = 0.1 * np.random.default_rng(0).standard_normal(
+        (1, params.rows_sent(num_text), frames), dtype=np.float32
+    )
+    times = [start + 0.04 * k for t, start in zip(word_tokens, starts, strict=True) for k in range(len(t))]
+    first = params.text_rows(num_text).start
+    frame_of = [min(int(time / 0.02), frames - 1) for time in [*times, starts[-1] + 0.4]]
+    for row, (frame, following) in enumerate(zip(frame_of, [*frame_of[1:], frames], strict=True)):
+        qk[:, first + row, frame : max(following, frame + 1)] = 10.0
+    return {
+        "key": params.key,
+        "cross_qk": qk.tobytes(),
+        "shape": list(qk.shape),
+        "tuned_heads": [0],
+        "candidate_heads": [0],
+    }
+
+
+def known_prefix_result(sentence, tokens, method: str, prefix_words: int) -> list[Word]:
+    """The sentence's words as the results read them from a diagonal attention (starts 80 ms late:
+    ``sentence``'s truth where espeak-ng gave one), with its first ``prefix_words`` words given as the
+    window's prefix at their true times."""
+    texts = [" " + word for word in sentence.words]
+    starts = list(sentence.starts)
+    truth_words = [
+        token_word(text, start, end, tokens)
+        for text, start, end in zip(texts, starts, [*starts[1:], sentence.ends[-1]], strict=True)
+    ]
+    plan = every_window_planned(
+        sentence.samples,
+        tokens,
+        language="en",
+        options=TranscriptionOptions(alignment_method=method),
+        prefix=truth_words[:prefix_words],
+    )
+    [window] = plan.windows
+    ids = [t for w in truth_words for t in w.tokens]
+    output = results.WindowOutput(ids, [-0.1] * len(ids))
+    fetched = [diagonal_answer(window, [w.tokens for w in truth_words], [s + 0.08 for s in starts])]
+    return results.finish(plan.decoded([output]), fetched, tokens, plan.info).words
+
+
+def test_a_windows_prefix_keeps_its_times_and_the_rest_is_placed_on_the_audio_after_it(sentence, tokens):
+    """A live stream's decode is given its confirmed words as the window's prefix: the acoustic model
+    places only the words after them, on the audio after the prefix's end (it had placed every word of
+    the buffer again at every decode)."""
+    heads = known_prefix_result(sentence, tokens, "heads", 6)
+    placed_all = known_prefix_result(sentence, tokens, "auto", 0)
+    placed_after = known_prefix_result(sentence, tokens, "auto", 6)
+    assert [w.word for w in placed_after] == [w.word for w in heads]
+    times = lambda words: [(w.start, w.end) for w in words]  # noqa: E731
+    # The prefix's words keep the times the heads and the rules gave them; placed, they would move.
+    assert times(placed_after[:6]) == times(heads[:6]) != times(placed_all[:6])
+    # The rest are placed, after the prefix's end, as well as the whole window's placing had them.
+    prefix_end = sentence.starts[6] if np.isfinite(sentence.starts[6]) else placed_all[5].end
+    assert all(w.start >= prefix_end - 0.01 for w in placed_after[6:])
+    truth = np.array(sentence.starts[6:])
+    known = np.isfinite(truth)
+    errors = lambda words: np.abs(np.array([w.start for w in words[6:]]) - truth)[known]  # noqa: E731
+    assert np.mean(errors(placed_after) <= 0.05) >= np.mean(errors(placed_all) <= 0.05) >= 0.6

@@ -47,6 +47,7 @@ from vllm_whisper_align.audio.features import (
 )
 from vllm_whisper_align.audio.phones import place_words
 from vllm_whisper_align.audio.windows import AudioChunk
+from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.options import METHODS, compression_ratio, method_named
 from vllm_whisper_align.protocol import AlignmentParams
 from vllm_whisper_align.tokens import WhisperTokens
@@ -161,6 +162,9 @@ class DecodedWindow:
     alignment: AlignmentParams | None
     # Its text was given (forced alignment), not decoded.
     forced: bool = False
+    # Words its text was known to begin with, their times known (input times): a live stream's
+    # confirmed words, forced after the start tokens.
+    prefix: tuple[Word, ...] = ()
 
     @property
     def offset(self) -> float:
@@ -297,9 +301,8 @@ def window_words(
     # Text DTW squeezed into one instant is dropped by window_segments, as openai-whisper drops it (read
     # on the heads' times): the model would spread it over the window instead.
     spoken = bool(words) and words[-1].end > words[0].start
-    if method.places_phones and spoken and place_words(words, samples, window.offset, language):
-        for word in words:
-            word.start, word.end = round_time(word.start), round_time(word.end)
+    if method.places_phones and spoken:
+        place_after_prefix(window, words, samples, language)
     token_timings = [
         TokenTiming(
             int(token),
@@ -311,6 +314,38 @@ def window_words(
         for i, token in enumerate(text_tokens)
     ]
     return words, token_timings, last_speech
+
+
+def place_after_prefix(window: DecodedWindow, words: list[Word], samples: np.ndarray, language: str) -> None:
+    """The acoustic model's times (``audio.phones.place_words``) for the window's words after its prefix,
+    on its audio after the prefix's end: a live stream's confirmed words are not placed again at
+    each decode (their times are settled, and the search costs in proportion to the audio it reads)."""
+    first, known_until = after_prefix(words, window.prefix)
+    cut = min(max(int(round((known_until - window.offset) * SAMPLE_RATE)), 0), len(samples))
+    placing = words[first:]
+    if place_words(placing, samples[cut:], window.offset + cut / SAMPLE_RATE, language):
+        for word in placing:
+            word.start, word.end = round_time(word.start), round_time(word.end)
+
+
+def after_prefix(words: Sequence[Word], prefix: Sequence[Word]) -> tuple[int, float]:
+    """How many of ``words`` (a window's, from its first token) are words of ``prefix``, and where the
+    last of those ends as the prefix has it (0.0, the input's start, with none). Matched by their
+    tokens: a word that holds the prefix's last tokens and more (a decoded comma after it) is not the
+    prefix's."""
+    ends: dict[int, float] = {}
+    count = 0
+    for word in prefix:
+        count += len(word.tokens)
+        ends[count] = word.end
+    first, known_until, taken = 0, 0.0, 0
+    for index, word in enumerate(words):
+        taken += len(word.tokens)
+        if taken > count:
+            break
+        if taken in ends:
+            first, known_until = index + 1, ends[taken]
+    return first, known_until
 
 
 def make_segment(

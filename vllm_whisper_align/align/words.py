@@ -59,6 +59,11 @@ class Word:
         return body
 
 
+def tokens_of(words: Sequence[Word]) -> list[int]:
+    """The words' tokens, in order."""
+    return [token for word in words for token in word.tokens]
+
+
 def round_time(seconds: float) -> float:
     # The reference rounds numpy float64 seconds, whose round() scales by 100 and rounds half to
     # even there; Python's float round() is correctly rounded and differs on rare values.

@@ -68,7 +68,8 @@ class Decode:
     """One decode a stream asks for: ``samples`` (the buffer), which start ``offset`` seconds into the
     stream; ``prompt``: the confirmed text before them; ``prefix``: confirmed words the buffer begins
     with, which the decode is given rather than decodes again (their tokens forced after the start
-    tokens: one prefill step instead of a decode step a token)."""
+    tokens: one prefill step instead of a decode step a token; their times kept: the acoustic model
+    places only the words after them)."""
 
     samples: np.ndarray
     offset: float
@@ -76,8 +77,9 @@ class Decode:
     prefix: tuple[Word, ...] = ()
 
     @property
-    def prefix_tokens(self) -> list[int]:
-        return [token for word in self.prefix for token in word.tokens]
+    def prefix_in_samples(self) -> tuple[Word, ...]:
+        """The prefix with its times in ``samples`` rather than the stream."""
+        return tuple(_shifted(word, -self.offset) for word in self.prefix)
 
 
 @dataclass(frozen=True)

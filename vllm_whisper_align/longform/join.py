@@ -21,7 +21,7 @@ from vllm_whisper_align.align.results import (
     assemble,
     window_segments,
 )
-from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.align.words import Word, tokens_of
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.longform.split import MIN_LOGPROB, Item, Split, choose_cuts, owners
 from vllm_whisper_align.longform.words import TextWord
@@ -178,7 +178,7 @@ class _WindowWords:
         if not self.chosen:
             return []
         words = [w for w, _ in self.chosen]
-        ids = [t for w in words for t in w.tokens]
+        ids = tokens_of(words)
         output = WindowOutput(ids, [lp for _, lps in self.chosen for lp in lps])
         segments, _ = window_segments(
             DecodedWindow(audio, output, None, forced=True), words, tokens.decode(ids)

@@ -20,6 +20,7 @@ import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align.align.results import DecodedWindow, RequestInfo, WindowOutput
+from vllm_whisper_align.align.words import Word, tokens_of
 from vllm_whisper_align.audio.decode import SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows, speech_windows
 from vllm_whisper_align.constants import (
@@ -74,9 +75,10 @@ class WindowRequest:
     alignment: AlignmentParams | None
     # Forced alignment: the text tokens are part of the prompt.
     forced_tokens: list[int] | None = None
-    # Text already read in this window (a live stream's confirmed words): forced after the start
-    # tokens, the window's first text tokens (captured and aligned with what is decoded after them).
-    prefix_tokens: tuple[int, ...] = ()
+    # Words already read in this window (a live stream's confirmed words; times in the input): their
+    # tokens forced after the start tokens, the window's first text tokens (captured and aligned with
+    # what is decoded after them).
+    prefix: tuple[Word, ...] = ()
     # Text tokens kept of the output (the engine may be asked for one more: see text_token_cap).
     max_text_tokens: int | None = None
     no_speech: NoSpeechParams | None = None
@@ -100,6 +102,10 @@ class WindowRequest:
     def capture_keys(self) -> list[str]:
         """The keys under which the workers keep something for this attempt's candidates."""
         return [p.key for c in self.candidates() for p in (c.alignment, c.no_speech) if p is not None]
+
+    @property
+    def prefix_tokens(self) -> list[int]:
+        return tokens_of(self.prefix)
 
     @property
     def samples(self) -> np.ndarray:
@@ -147,7 +153,9 @@ class Plan:
         window = self.windows[index]
         if is_silent(output, self.fallback):
             return None
-        return DecodedWindow(window.audio, output, window.alignment, window.forced_tokens is not None)
+        return DecodedWindow(
+            window.audio, output, window.alignment, window.forced_tokens is not None, window.prefix
+        )
 
 
 # ---------------------------------------------------------------------------- language detection
@@ -255,12 +263,13 @@ def plan_transcription(
     options: TranscriptionOptions | None = None,
     suppress_tokens: Sequence[int] = (),
     windows: Sequence[AudioChunk] | None = None,
-    prefix_tokens: Sequence[int] = (),
+    prefix: Sequence[Word] = (),
 ) -> Plan:
     """One request per ≤30 s window of ``windows`` (default :func:`windows_to_decode`, NumPy work that a
     caller on an event loop runs apart), decoded as ``options`` say (default: openai-whisper's transcribe
-    options; the temperature is the fallback schedule's first). ``prefix_tokens``: text each window is
-    known to begin with (a live stream's buffer, one window), forced rather than decoded again."""
+    options; the temperature is the fallback schedule's first). ``prefix``: words each window is
+    known to begin with (a live stream's buffer, one window; times in ``samples``), their tokens forced
+    rather than decoded again, and the acoustic model places only the words after them."""
     options = options or TranscriptionOptions()
     if not options.method.transcribes:
         raise OptionError(
@@ -282,7 +291,7 @@ def plan_transcription(
                 options.alignment_method,
                 options.sampling,
                 suppress_tokens,
-                prefix_tokens,
+                tuple(prefix),
             ),
             0,
             fallback.temperatures[0],
@@ -337,9 +346,9 @@ def _transcription_window(
     method: str,
     sampling: dict[str, Any],
     suppress_tokens: Sequence[int],
-    prefix: Sequence[int] = (),
+    prefix: tuple[Word, ...] = (),
 ) -> WindowRequest:
-    """One window's request before its temperature is chosen (see _at_temperature). ``prefix`` text
+    """One window's request before its temperature is chosen (see _at_temperature). ``prefix``'s text
     tokens follow the start tokens in the decoder prompt, one prefill step rather than a decode step
     each; the window's output cap counts them, and their log-probabilities are the prompt's."""
     alignment = None
@@ -351,8 +360,9 @@ def _transcription_window(
     no_speech = None
     if tokens.no_speech is not None:
         no_speech = NoSpeechParams(no_speech_row(previous), tokens.no_speech)
-    decoder_prompt = [*previous, *start, *prefix]
-    cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt) - len(prefix)) - len(prefix)
+    forced = tokens_of(prefix)
+    decoder_prompt = [*previous, *start, *forced]
+    cap = text_token_cap(sampling, chunk.num_samples, len(decoder_prompt) - len(forced)) - len(forced)
     return WindowRequest(
         chunk,
         decoder_prompt,
@@ -362,7 +372,7 @@ def _transcription_window(
         no_speech=no_speech,
         sampling_options={**sampling, "prompt_logprobs": 0} if prefix else dict(sampling),
         suppress_tokens=tuple(suppress_tokens),
-        prefix_tokens=tuple(prefix),
+        prefix=prefix,
     )
 
 

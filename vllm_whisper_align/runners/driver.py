@@ -27,6 +27,7 @@ import numpy as np
 from vllm import SamplingParams
 
 from vllm_whisper_align.align.results import InOrder, TimedWindow, Transcript, finish, time_windows
+from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.audio.decode import SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
@@ -219,9 +220,9 @@ def transcription_plan(
     word_timestamps: bool = True,
     prompt: str | None = None,
     options: TranscriptionOptions | None = None,
-    prefix_tokens: Sequence[int] = (),
+    prefix: Sequence[Word] = (),
 ) -> Generator[Command, Any, decoding.Plan]:
-    """The windows of :func:`transcription`, planned once its language is known (``prefix_tokens``:
+    """The windows of :func:`transcription`, planned once its language is known (``prefix``:
     :func:`decoding.plan_transcription`'s)."""
     facts.tokens.check_language(language, task)
     # Which windows hold speech (none: nothing is decoded): NumPy work of milliseconds a window.
@@ -238,7 +239,7 @@ def transcription_plan(
         options=options,
         suppress_tokens=facts.suppress_tokens,
         windows=windows,
-        prefix_tokens=prefix_tokens,
+        prefix=prefix,
     )
 
 

@@ -125,7 +125,7 @@ def decode_work(
         language=language,
         prompt=decode.prompt or prompt,
         options=options,
-        prefix_tokens=decode.prefix_tokens,
+        prefix=decode.prefix_in_samples,
     )
     plan.fallback = replace(plan.fallback, temperatures=plan.fallback.temperatures[:1])
     return (yield from driver.run_plan(plan, facts.tokens))
