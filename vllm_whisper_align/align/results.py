@@ -55,6 +55,11 @@ from vllm_whisper_align.tokens import WhisperTokens
 # A new segment starts after a sentence end or a pause this long (no timestamp tokens are decoded).
 SEGMENT_PAUSE_S = 1.0
 SEGMENT_MAX_S = 15.0
+# A window's prefix (a live stream's confirmed words) is not placed again by the acoustic model, but its
+# last words are searched with the words after it (their times kept): the search's features are
+# normalised over the audio it is given, and given only the audio after the prefix, a word of an
+# espeak-ng sentence was placed 0.24 s from where the whole window put it (with two words, 0.01 s).
+PREFIX_CONTEXT_WORDS = 2
 
 
 @dataclass
@@ -317,35 +322,39 @@ def window_words(
 
 
 def place_after_prefix(window: DecodedWindow, words: list[Word], samples: np.ndarray, language: str) -> None:
-    """The acoustic model's times (``audio.phones.place_words``) for the window's words after its prefix,
-    on its audio after the prefix's end: a live stream's confirmed words are not placed again at
-    each decode (their times are settled, and the search costs in proportion to the audio it reads)."""
-    first, known_until = after_prefix(words, window.prefix)
-    cut = min(max(int(round((known_until - window.offset) * SAMPLE_RATE)), 0), len(samples))
-    placing = words[first:]
+    """The acoustic model's times (``audio.phones.place_words``) for the window's words after its prefix
+    (a live stream's confirmed words), which keep the prefix's times: the prefix is not placed again at
+    each decode, and the search costs in proportion to the audio it reads. Its last
+    PREFIX_CONTEXT_WORDS words are searched with the rest, from the start of the first of them."""
+    settled = prefix_times(words, window.prefix)
+    context = max(len(settled) - PREFIX_CONTEXT_WORDS, 0)
+    start = settled[context][0] if context < len(settled) else settled[-1][1] if settled else window.offset
+    cut = min(max(int(round((start - window.offset) * SAMPLE_RATE)), 0), len(samples))
+    placing = words[context:]
     if place_words(placing, samples[cut:], window.offset + cut / SAMPLE_RATE, language):
         for word in placing:
             word.start, word.end = round_time(word.start), round_time(word.end)
+    for word, (start, end) in zip(words, settled, strict=False):
+        word.start, word.end = start, end
 
 
-def after_prefix(words: Sequence[Word], prefix: Sequence[Word]) -> tuple[int, float]:
-    """How many of ``words`` (a window's, from its first token) are words of ``prefix``, and where the
-    last of those ends as the prefix has it (0.0, the input's start, with none). Matched by their
-    tokens: a word that holds the prefix's last tokens and more (a decoded comma after it) is not the
-    prefix's."""
-    ends: dict[int, float] = {}
+def prefix_times(words: Sequence[Word], prefix: Sequence[Word]) -> list[tuple[float, float]]:
+    """The prefix's (start, end) of each of the window's first ``words`` that are the prefix's words (all
+    of the prefix, or fewer). Matched by their tokens: a word that holds the prefix's last tokens and
+    more (a decoded comma after it) is not the prefix's, nor is any after it."""
+    bounds: dict[int, tuple[float, float]] = {}  # tokens through a prefix word: its start and end
     count = 0
     for word in prefix:
         count += len(word.tokens)
-        ends[count] = word.end
-    first, known_until, taken = 0, 0.0, 0
-    for index, word in enumerate(words):
+        bounds[count] = (word.start, word.end)
+    settled = []
+    taken = 0
+    for word in words:
         taken += len(word.tokens)
-        if taken > count:
+        if taken not in bounds:
             break
-        if taken in ends:
-            first, known_until = index + 1, ends[taken]
-    return first, known_until
+        settled.append(bounds[taken])
+    return settled
 
 
 def make_segment(
