@@ -151,7 +151,8 @@ def test_transcription_of_spontaneous_speech_by_the_acoustic_model(aligner, spon
     results = aligner.transcribe([c.samples for c in spontaneous], language="en")
     starts, ends = errors(spontaneous, results)
     report("spontaneous, transcribed, auto", starts, ends)
-    # 2026-12-06: 87.5% heard, 2 over 0.5 s off (a short word after an "um" Whisper did not write, which
-    # took its sound), of the heard 75.8% of starts and 81.4% of ends within 50 ms (the heads, before
-    # words said more often than written were paired by time: 47.8% and 36.0%)
-    check_heard(starts, ends, heard=0.85, far_off=6, starts_within_50ms=0.71, ends_within_50ms=0.78)
+    # 2026-12-06 with filled pauses among the acoustic model's fillers: 87.5% heard, 2 over 0.5 s off, of
+    # the heard 80.7% of starts and 84.5% of ends within 50 ms (without them 75.8% and 81.4%: a word after
+    # an "um" Whisper did not write took its sound; the heads, before words said more often than written
+    # were paired by time: 47.8% and 36.0%)
+    check_heard(starts, ends, heard=0.85, far_off=6, starts_within_50ms=0.78, ends_within_50ms=0.8)

@@ -8,6 +8,7 @@ import numpy as np
 import psutil
 import pytest
 
+from tests.support import real_speech
 from tests.support.speech import synthesize_sentence, synthesize_words
 from vllm_whisper_align.audio import phones
 from vllm_whisper_align.constants import SAMPLE_RATE
@@ -216,3 +217,54 @@ def test_a_worker_runs_at_a_lower_cpu_priority_than_its_parent(sentence):
         assert psutil.Process(worker._process.pid).nice() == os.nice(0) + phones.NICENESS
     finally:
         worker.close()
+
+
+def test_a_text_that_writes_a_filled_pause_is_searched_without_filled_pause_fillers(dictionary):
+    assert phones.writes_filled_pauses([" So", " um,", " yes."])
+    assert phones.writes_filled_pauses([" Uh"])
+    assert not phones.writes_filled_pauses([" umbrella", " huh"])
+    assert dictionary.lookup_word("++UM++") == "AH M"
+    assert phones.decoder(filled_pauses=False).lookup_word("++UM++") is None
+
+
+@pytest.fixture(scope="module")
+def cold_talker():
+    """MFA's recording of a talker with a cold, speaking freely: "... a bunch of different words. um I
+    think I'm probably gonna cough here. uh yeah so that just happened ..." (MFA's own alignment)."""
+    [clip] = [
+        c for c in real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",)) if c.id.endswith("3")
+    ]
+    return clip
+
+
+def test_words_after_a_filled_pause_the_text_leaves_out_keep_their_own_sound(cold_talker):
+    """Whisper writes no "um" or "uh". Given the text without them (each word 80 ms late), the words after
+    them start where they are spoken but one ("that" after a second "uh", 0.29 s early); with [SPEECH]
+    as the only filler, 2 of 6 did ("and" 0.42 s early, on its "uh"; two words kept the times they came
+    with, the model's further from them than MAX_MOVE_S)."""
+    clip = cold_talker
+    kept = [i for i, filled in enumerate(clip.filled) if not filled]
+    words = [Timed(clip.starts[i] + 0.08, clip.ends[i] + 0.08, " " + clip.words[i]) for i in kept]
+    phones.place_words(words, clip.samples, 0.0, "en")
+    after_filler = [k for k, i in enumerate(kept) if i > 0 and clip.filled[i - 1]]
+    errors = [abs(words[k].start - clip.starts[kept[k]]) for k in after_filler]
+    assert len(errors) == 6
+    assert sum(error <= 0.05 for error in errors) >= 5
+
+
+def test_filled_pauses_the_text_writes_keep_their_own_sound(cold_talker):
+    """A verbatim text writes its "uh"s and "um"s: it is searched without filled-pause fillers, and 5 of
+    its 6 start within 50 ms of where they are spoken; with them, 3 (a filler took the written word's
+    sound, and the word started up to 0.3 s late)."""
+    clip = cold_talker
+    words = [
+        Timed(s + 0.08, e + 0.08, " " + w) for w, s, e in zip(clip.words, clip.starts, clip.ends, strict=True)
+    ]
+    phones.place_words(words, clip.samples, 0.0, "en")
+    errors = [
+        abs(word.start - start)
+        for word, start, filled in zip(words, clip.starts, clip.filled, strict=True)
+        if filled
+    ]
+    assert len(errors) == 6
+    assert sum(error <= 0.05 for error in errors) >= 5

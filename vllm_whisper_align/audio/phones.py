@@ -9,10 +9,11 @@ in its wheel, so it runs offline) forced to the words heard, as WhisperX forces 
 moves each word to where PocketSphinx placed it; a window the search finds no path through within its
 beam is searched again without one (:func:`align_utterance`), one it has no path through at all (more
 words than its frames hold) is tried again in halves (:func:`halves`), and a word that cannot be
-spelled in phones (:func:`spell`) keeps the time it came with. Only the audio and the words' text go
-in: the times the heads gave (which move by a frame with the engine's batch) do not, but where a
-window is halved and where a word is moved further than :func:`keep_far_moves` allows. English only:
-no other language has a model here.
+spelled in phones (:func:`spell`) keeps the time it came with. Between the words the search may put
+silence, noise and the filled pauses Whisper does not write ("um", "uh": FILLED_PAUSE_FILLERS). Only
+the audio and the words' text go in: the times the heads gave (which move by a frame with the engine's
+batch) do not, but where a window is halved and where a word is moved further than
+:func:`keep_far_moves` allows. English only: no other language has a model here.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ import queue
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,6 +45,14 @@ BEAM = 1e-80
 DITHER_LSB = 4
 # See decoder().
 FILLER_PROB = 0.1
+# Filled pauses the search may put between any two words, as fillers (beside the model's own silence,
+# [NOISE] and [SPEECH]): Whisper writes no "um" or "uh", and with [SPEECH] alone the words around one
+# took its sound (a word stretched back over an "uh" before it, then moved back to the heads' times by
+# keep_far_moves, sometimes as a word of no length). Not where the text writes a filled pause itself
+# (FILLED_PAUSES): a filler then took the written word's sound and squeezed the word after it.
+FILLED_PAUSE_FILLERS = {"++UM++": "AH M", "++UH++": "AH"}
+# Words of a text that are filled pauses (a verbatim transcript's).
+FILLED_PAUSES = frozenset({"um", "umm", "uhm", "uh", "er", "erm", "ah", "eh", "hm", "hmm", "mm", "mhm"})
 # Silence laid before and after the audio PocketSphinx is given (seconds; 10 frames, an even number, so
 # that the frames whose Gaussians are scored (ds=2) stay the audio's own): its model was trained on
 # utterances with silence around them, and short clips that start or end on a word (all speech to its
@@ -168,17 +179,29 @@ def spell(word: str, dictionary: Dictionary) -> list[tuple[str, str | None]] | N
 
 # ---------------------------------------------------------------------------- the aligner
 
-# One decoder, in the worker process (:class:`Worker`).
-_decoder: Any = None
+# The decoders, in the worker process (:class:`Worker`): with and without FILLED_PAUSE_FILLERS.
+_decoders: dict[bool, Any] = {}
 
 
-def decoder() -> Any:
-    """This process's PocketSphinx decoder; loading the model takes about 0.3 s, once."""
-    global _decoder
-    if _decoder is None:
-        from pocketsphinx import Decoder  # the import and the model are paid on first use only
+def decoder(filled_pauses: bool = True) -> Any:
+    """This process's PocketSphinx decoder, with FILLED_PAUSE_FILLERS among its fillers or without; each
+    loads the model (about 0.3 s and 30 MB) once, when first used."""
+    if filled_pauses not in _decoders:
+        _decoders[filled_pauses] = new_decoder(filled_pauses)
+    return _decoders[filled_pauses]
 
-        _decoder = Decoder(
+
+def new_decoder(filled_pauses: bool) -> Any:
+    from pocketsphinx import Config, Decoder  # the import and the model are paid on first use only
+
+    with tempfile.TemporaryDirectory() as folder:
+        # The model's own noise dictionary, and the filled pauses: read when the decoder is made.
+        fillers = Path(folder, "noisedict")
+        added = "".join(f"{word} {phones}\n" for word, phones in FILLED_PAUSE_FILLERS.items())
+        fillers.write_text(
+            Path(Config(lm=None)["hmm"], "noisedict").read_text() + (added if filled_pauses else "")
+        )
+        return Decoder(
             samprate=SAMPLE_RATE,
             bestpath=False,
             loglevel="FATAL",
@@ -188,12 +211,17 @@ def decoder() -> Any:
             # Gaussians scored every other frame (boundaries stay on 10 ms frames): 7 ms of CPU a second
             # of audio against 11, and as many starts within 20 ms on the real sets.
             ds=2,
-            # Noise and filled pauses between words ([NOISE], [SPEECH]) as likely as this: Whisper does
-            # not write "um", and at PocketSphinx's 1e-8 the word after one took its sound.
+            # Fillers between words ([NOISE], [SPEECH], the filled pauses) as likely as this: at
+            # PocketSphinx's 1e-8 the word after an "um" took its sound.
             fillprob=FILLER_PROB,
+            fdict=str(fillers),
             lm=None,  # alignment reads the dictionary only: the language model would be 60 MB more
         )
-    return _decoder
+
+
+def writes_filled_pauses(texts: Sequence[str]) -> bool:
+    """Whether any of Whisper's words in ``texts`` is a filled pause ("Um," "uh")."""
+    return any(text.strip().lower().strip(".,!?;:-…") in FILLED_PAUSES for text in texts)
 
 
 def dithered(pcm: bytes) -> bytes:
@@ -211,7 +239,7 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
     with white noise 10 dB under it had no path at 1e-300), and the window was cut in pieces instead."""
     if len(pcm) // 2 < MIN_SAMPLES:  # PCM16: two bytes a sample
         return None
-    sphinx = decoder()
+    sphinx = decoder(filled_pauses=not writes_filled_pauses(texts))
     spelled = [spell(text, sphinx) for text in texts]
     if any(pieces is None for pieces in spelled) or not any(spelled):
         return None
