@@ -74,6 +74,8 @@ SPLITS = 3
 FRAME_S = 0.01
 # Audio shorter than this holds no word to place (a window's half cut at its very edge).
 MIN_SAMPLES = SAMPLE_RATE // 10
+# What a word of Whisper's text may carry around it that is not spoken.
+PUNCTUATION = '.,!?;:"“”()[]{}…-–—'
 # Not words: what PocketSphinx's segmentation adds between and around them.
 NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
@@ -161,7 +163,7 @@ def spell(word: str, dictionary: Dictionary) -> list[tuple[str, str | None]] | N
     text = word.strip().lower().replace("’", "'")
     if dictionary.lookup_word(text) is not None:  # "mr.", "e.g.", "u.s."
         return [(text, None)]
-    text = text.strip('.,!?;:"“”()[]{}…-–—')
+    text = text.strip(PUNCTUATION)
     if not text:
         return []
     if dictionary.lookup_word(text) is not None:
@@ -221,7 +223,7 @@ def new_decoder(filled_pauses: bool) -> Any:
 
 def writes_filled_pauses(texts: Sequence[str]) -> bool:
     """Whether any of Whisper's words in ``texts`` is a filled pause ("Um," "uh")."""
-    return any(text.strip().lower().strip(".,!?;:-…") in FILLED_PAUSES for text in texts)
+    return any(text.strip().lower().strip(PUNCTUATION) in FILLED_PAUSES for text in texts)
 
 
 def dithered(pcm: bytes) -> bytes:
