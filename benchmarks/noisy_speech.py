@@ -1,10 +1,16 @@
-"""Word boundaries on real speech with noise added: the real sets' recordings (tests/support/real_speech.py,
-the main and the spontaneous set), their truth unchanged, white or pink noise mixed in at a given
-signal-to-noise ratio, each clip forced to its text (or, ``--task transcribe``, transcribed) with this
-project's alignment methods.
+"""Word boundaries on real speech with noise or reverberation added: the real sets' recordings
+(tests/support/real_speech.py, the main and the spontaneous set), their truth unchanged, white or pink
+noise mixed in at a given signal-to-noise ratio, or the recording played in a simulated room, each clip
+forced to its text (or, ``--task transcribe``, transcribed) with this project's alignment methods.
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py [--model base]
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --task transcribe
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --conditions none,reverb0.6
+
+The room (tests/support/rooms.py): the direct sound, then a diffuse tail falling by 60 dB in the
+reverberation time (RT60), its energy growing with the RT60 (a direct-to-reverberant ratio of 6 dB at
+0.3 s, 3 dB at 0.6 s, 0.8 dB at 1 s). The direct sound keeps the recording's times, so the truth holds;
+what the room adds after a word's end is not the word.
 
 The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written
@@ -31,13 +37,23 @@ from common import cpu_description  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.no_speech import pink_noise, white_noise  # noqa: E402
+from tests.support.rooms import in_room  # noqa: E402
 from tests.support.speech import end_errors, start_errors  # noqa: E402
 from vllm_whisper_align.audio.features import frame_levels_db  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out" / "noisy_speech"
-# (noise, signal-to-noise ratio in dB); None: the recording as it is.
-CONDITIONS = [(None, None), ("white", 20), ("white", 10), ("pink", 10), ("pink", 5)]
+# (noise, signal-to-noise ratio in dB) or ("reverb", RT60 in s); None: the recording as it is.
+CONDITIONS = [
+    (None, None),
+    ("white", 20),
+    ("white", 10),
+    ("pink", 10),
+    ("pink", 5),
+    ("reverb", 0.3),
+    ("reverb", 0.6),
+    ("reverb", 1.0),
+]
 METHODS = ("fixed", "heads", "auto")
 NOISES = {"white": white_noise, "pink": pink_noise}
 
@@ -52,6 +68,25 @@ def with_noise(samples: np.ndarray, noise: str, snr_db: float, seed: int) -> np.
     raw = NOISES[noise](len(samples) / SAMPLE_RATE + 1.0, seed=seed)[: len(samples)]
     scaled = raw / max(float(raw.std()), 1e-12) * speech_level(samples) * 10 ** (-snr_db / 20)
     return np.clip(samples + scaled, -1.0, 1.0).astype(np.float32)
+
+
+def with_condition(samples: np.ndarray, kind: str | None, amount: float | None, seed: int) -> np.ndarray:
+    if kind is None or amount is None:
+        return samples
+    if kind == "reverb":
+        return in_room(samples, amount, seed)
+    return with_noise(samples, kind, amount, seed)
+
+
+def condition_name(kind: str | None, amount: float | None) -> str:
+    """``none``, ``white20``, ``reverb0.6``...: what ``--conditions`` takes."""
+    return "none" if kind is None else f"{kind}{amount:g}"
+
+
+def condition_label(kind: str | None, amount: float | None) -> str:
+    if kind is None:
+        return "none"
+    return f"reverb, RT60 {amount:g} s" if kind == "reverb" else f"{kind}, {amount:g} dB"
 
 
 def figures(starts: np.ndarray, ends: np.ndarray) -> dict:
@@ -71,7 +106,14 @@ def main() -> None:
     )
     parser.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en")
     parser.add_argument("--task", choices=("align", "transcribe"), default="align")
+    names = [condition_name(*condition) for condition in CONDITIONS]
+    parser.add_argument(
+        "--conditions", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}"
+    )
     args = parser.parse_args()
+    chosen = args.conditions.split(",")
+    if unknown := sorted(set(chosen) - set(names)):
+        parser.error(f"unknown conditions {unknown}; known: {names}")
     from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
     from vllm_whisper_align.runners.offline import WhisperAligner
 
@@ -80,11 +122,8 @@ def main() -> None:
     aligner = WhisperAligner(str(path), dtype="float32")
     rows = []
     try:
-        for noise, snr in CONDITIONS:
-            audio = [
-                c.samples if noise is None else with_noise(c.samples, noise, snr, seed=i)
-                for i, c in enumerate(clips)
-            ]
+        for kind, amount in (c for c in CONDITIONS if condition_name(*c) in chosen):
+            audio = [with_condition(c.samples, kind, amount, seed=i) for i, c in enumerate(clips)]
             for method in METHODS:
                 if args.task == "align":
                     results = aligner.align(
@@ -96,7 +135,12 @@ def main() -> None:
                     [start_errors(c, r.words) for c, r in zip(clips, results, strict=True)]
                 )
                 ends = np.concatenate([end_errors(c, r.words) for c, r in zip(clips, results, strict=True)])
-                row = {"noise": noise or "none", "snr_db": snr, "method": method, **figures(starts, ends)}
+                row = {
+                    "condition": condition_name(kind, amount),
+                    "label": condition_label(kind, amount),
+                    "method": method,
+                    **figures(starts, ends),
+                }
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -104,16 +148,17 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     machine = f"{cpu_description()}, model {args.model}, float32, {args.task}, {len(clips)} clips"
     name = "results.json" if args.task == "align" else f"results-{args.task}.json"
+    if set(chosen) != set(names):
+        name = name.replace(".json", f"-{'-'.join(chosen)}.json")
     (OUT / name).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     print(f"\n{machine}\n")
     print(
-        "| noise, SNR | method | heard | starts within 50 / 100 ms | ends within 50 ms | starts off > 0.5 s |"
+        "| condition | method | heard | starts within 50 / 100 ms | ends within 50 ms | starts off > 0.5 s |"
     )
     print("|---|---|---|---|---|---|")
     for r in rows:
-        condition = "none" if r["noise"] == "none" else f"{r['noise']}, {r['snr_db']} dB"
         print(
-            f"| {condition} | {r['method']} | {r['heard_pct']}% "
+            f"| {r['label']} | {r['method']} | {r['heard_pct']}% "
             f"| {r['starts_within_50ms_pct']} / {r['starts_within_100ms_pct']}% "
             f"| {r['ends_within_50ms_pct']}% | {r['starts_off_over_0.5s']} |"
         )
