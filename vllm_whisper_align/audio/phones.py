@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vllm_whisper_align.audio.dereverb import dereverberated
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 # Languages whose words the acoustic model can place.
@@ -72,6 +73,8 @@ MAX_MOVE_S = 0.5
 SPLITS = 3
 # PocketSphinx's frames.
 FRAME_S = 0.01
+# The band the model's features read (its feat.params: -lowerf 130 -upperf 6800).
+MODEL_BAND_HZ = (130.0, 6800.0)
 # Audio shorter than this holds no word to place (a window's half cut at its very edge).
 MIN_SAMPLES = SAMPLE_RATE // 10
 # What a word of Whisper's text may carry around it that is not spoken.
@@ -250,6 +253,7 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
+    pcm = without_late_reverberation(pcm)
     segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
     if segments is None:
         return None
@@ -263,6 +267,14 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
         times.append((into(pcm, first.start_frame), into(pcm, last.end_frame + 1)))
         i += len(pieces)
     return times
+
+
+def without_late_reverberation(pcm: bytes) -> bytes:
+    """``pcm`` (PCM16) with the room's late reverberation taken out (:mod:`audio.dereverb`) in the band
+    the model reads: a word's end otherwise ran on through the room's tail."""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
+    clean = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE)
+    return (np.clip(clean, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
 
 
 def search(sphinx: Any, pcm: bytes, words: Sequence[str], beam: float) -> list | None:
