@@ -61,6 +61,10 @@ FILLED_PAUSES = frozenset({"um", "umm", "uhm", "uh", "er", "erm", "ah", "eh", "h
 EDGE_SILENCE_S = 0.1
 # Worker processes (:class:`Workers`), each about 40 MB: as many as the CPUs, up to 4.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# The workers' NumPy (audio.dereverb's matrix products) on one thread: a worker is one core's work at a
+# lower priority, and OpenBLAS's threads, spinning for one another while the engine held the cores, took
+# a 30 s window's 0.3 s to 18 s.
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 # How much lower the workers' CPU priority is than their parent's (nice): the engine's forward runs a
 # thread on every core and waits for the slowest, so a core a search takes holds back every request in
 # the batch, where a search that waits holds back one window's words.
@@ -350,7 +354,10 @@ class Worker:
     def _started(self) -> Any:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                [sys.executable, "-m", __name__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={**os.environ, **ONE_THREAD},
             )
         return self._process
 
