@@ -184,6 +184,10 @@ class WhisperAlignConfig:
     packing: bool = True
     # Short forced alignments too: faster, but their starts are read a little less well (docs/packing.md).
     pack_alignments: bool = False
+    # A room's late reverberation taken out of each window of 5 s or more before the acoustic model of
+    # phones reads it (audio.dereverb): word edges nearer in reverberant rooms, about twice the model's
+    # CPU (docs/boundaries.md#reverberation-2026-12-06).
+    dereverberate: bool = False
     # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
     urgent_head_start_s: float = URGENT_HEAD_START_S
 
@@ -199,7 +203,7 @@ class WhisperAlignConfig:
                 f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
             )
         config = cls(**options)
-        for name in ("packing", "pack_alignments"):
+        for name in ("packing", "pack_alignments", "dereverberate"):
             if not isinstance(getattr(config, name), bool):
                 raise ValueError(f"whisper_align.{name} must be true or false, got {getattr(config, name)!r}")
         if (

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from tests.support import real_speech
-from tests.support.rooms import in_room
 from tests.support.speech import end_errors, start_errors
 
 FAR_OFF_S = 0.5
@@ -157,18 +156,3 @@ def test_transcription_of_spontaneous_speech_by_the_acoustic_model(aligner, spon
     # an "um" Whisper did not write took its sound; the heads, before words said more often than written
     # were paired by time: 47.8% and 36.0%)
     check_heard(starts, ends, heard=0.85, far_off=6, starts_within_50ms=0.78, ends_within_50ms=0.8)
-
-
-def test_forced_alignment_of_real_recordings_in_a_reverberant_room(aligner):
-    """Both sets (main and spontaneous, as benchmarks/noisy_speech.py loads them) played in a simulated
-    room whose tail falls by 60 dB in 1 s (tests/support/rooms.py). 2026-12-06: 80.7% of starts and
-    74.5% of ends within 50 ms; without the room's late reverberation taken out before the acoustic
-    model reads a window (audio.dereverb), 77.0% and 68.6%."""
-    clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
-    audio = [in_room(c.samples, 1.0, seed=i) for i, c in enumerate(clips)]
-    results = aligner.align(audio, [c.text for c in clips], language="en")
-    starts, ends = errors(clips, results)
-    report("both sets in a room (RT60 1 s), forced, auto", starts, ends)
-    assert np.isfinite(starts).all()
-    assert np.mean(starts <= 0.05) >= 0.79
-    assert np.mean(ends <= 0.05) >= 0.72

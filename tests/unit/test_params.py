@@ -77,6 +77,13 @@ def test_encoder_cache_size_must_be_whole_mib(value):
         WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": value}})
 
 
+@pytest.mark.parametrize("name", ["packing", "pack_alignments", "dereverberate"])
+def test_switches_must_be_true_or_false(name):
+    assert getattr(WhisperAlignConfig.from_additional_config({"whisper_align": {name: True}}), name) is True
+    with pytest.raises(ValueError, match=f"whisper_align.{name} must be true or false"):
+        WhisperAlignConfig.from_additional_config({"whisper_align": {name: "yes"}})
+
+
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 2e9, "60", True, None])
 def test_urgent_head_start_must_be_seconds(value):
     for good in (0, 1, 120.5):

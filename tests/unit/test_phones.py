@@ -216,7 +216,7 @@ def test_a_worker_runs_at_a_lower_cpu_priority_than_its_parent_on_one_thread(sen
     engine held the cores, and a window's reverberation took 18 s instead of 0.3 s."""
     worker = phones.Worker()
     try:
-        assert worker.align([((sentence.samples * 32767).astype(np.int16).tobytes(), [" hello"])])
+        assert worker.align([((sentence.samples * 32767).astype(np.int16).tobytes(), [" hello"], True)])
         process = psutil.Process(worker._process.pid)
         assert process.nice() == os.nice(0) + phones.NICENESS
         assert process.num_threads() == 1
@@ -275,27 +275,33 @@ def test_filled_pauses_the_text_writes_keep_their_own_sound(cold_talker):
     assert sum(error <= 0.05 for error in errors) >= 5
 
 
-def test_words_in_a_reverberant_room_are_placed_on_their_own_sound(monkeypatch):
+def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
     """MFA's first recording of the talker with a cold (26 s, 64 words), played in a simulated room whose
-    tail falls by 60 dB in 1 s, forced to its text: with the room's late reverberation taken out first,
-    54 starts and 41 ends within 50 ms of the truth; without, 46 and 34 (a word's end ran on through
-    the room's tail, and the next word's onset was smeared)."""
-    [clip] = [
-        c
-        for c in real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
-        if c.id == "mfa_cold_corpus"
-    ]
+    tail falls by 60 dB in 1 s, forced to its text: with the room's late reverberation taken out first
+    (``whisper_align.dereverberate``), 54 starts and 41 ends within 50 ms of the truth; without, 46 and
+    34 (a word's end ran on through the room's tail, and the next word's onset was smeared)."""
+    clips = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
+    [clip] = [c for c in clips if c.id == "mfa_cold_corpus"]
     pcm = (np.clip(in_room(clip.samples, 1.0, seed=0), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
 
-    def within_50ms() -> tuple[int, int]:
-        times = phones.align_utterance(pcm, [" " + word for word in clip.words])
+    def within_50ms(dereverberate: bool) -> tuple[int, int]:
+        times = phones.align_utterance(pcm, [" " + word for word in clip.words], dereverberate)
         assert times is not None and all(span is not None for span in times)
         starts = sum(abs(span[0] - start) <= 0.05 for span, start in zip(times, clip.starts, strict=True))
         ends = sum(abs(span[1] - end) <= 0.05 for span, end in zip(times, clip.ends, strict=True))
         return starts, ends
 
-    starts, ends = within_50ms()
-    monkeypatch.setattr(phones, "without_late_reverberation", lambda pcm: pcm)
-    starts_reverberant, ends_reverberant = within_50ms()
+    starts, ends = within_50ms(dereverberate=True)
+    starts_reverberant, ends_reverberant = within_50ms(dereverberate=False)
     assert starts >= 51 and ends >= 38
     assert starts >= starts_reverberant + 4 and ends >= ends_reverberant + 4
+
+
+def test_the_process_setting_reaches_the_workers(monkeypatch):
+    sent = []
+    monkeypatch.setattr(phones._workers, "align", lambda utterances: sent.extend(utterances) or [None])
+    words = [Timed(0.0, 0.5, " hello")]
+    for setting in (True, False):
+        phones.configure(dereverberate=setting)
+        phones.place_words(words, np.zeros(SAMPLE_RATE, dtype=np.float32), 0.0, "en")
+    assert [utterance[2] for utterance in sent] == [True, False]

@@ -88,7 +88,8 @@ NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
 
 # An utterance to align: its audio (16 kHz PCM16) and Whisper's words in it.
-Utterance = tuple[bytes, Sequence[str]]
+# (PCM16 audio, its words, whether the room's late reverberation is taken out first)
+Utterance = tuple[bytes, Sequence[str], bool]
 # Each word's (start, end) in seconds into its utterance (None for punctuation alone); None for the
 # utterance where it could not be aligned.
 WordSpans = list[tuple[float, float] | None] | None
@@ -240,7 +241,7 @@ def dithered(pcm: bytes) -> bytes:
     return np.clip(np.frombuffer(pcm, dtype=np.int16) + noise, -32768, 32767).astype(np.int16).tobytes()
 
 
-def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
+def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: bool = False) -> WordSpans:
     """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
     (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path.
     Searched within BEAM, and where that finds no path, again without a beam (0: every path kept; about
@@ -257,7 +258,8 @@ def align_utterance(pcm: bytes, texts: Sequence[str]) -> WordSpans:
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
-    pcm = without_late_reverberation(pcm)
+    if dereverberate:
+        pcm = without_late_reverberation(pcm)
     segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
     if segments is None:
         return None
@@ -319,7 +321,7 @@ def into(pcm: bytes, frame: int) -> float:
 
 def align_utterances(utterances: Sequence[Utterance]) -> list[WordSpans]:
     """:func:`align_utterance` of each: what the worker process runs for one call."""
-    return [align_utterance(pcm, texts) for pcm, texts in utterances]
+    return [align_utterance(pcm, texts, dereverberate) for pcm, texts, dereverberate in utterances]
 
 
 class Worker:
@@ -374,6 +376,7 @@ class Workers:
     the end of a burst of requests: every window the engine had just answered waited for it."""
 
     def __init__(self, count: int) -> None:
+        self.dereverberate = False  # see configure()
         self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
         for _ in range(count):
             self._idle.put(Worker())
@@ -387,6 +390,13 @@ class Workers:
 
 
 _workers = Workers(WORKERS)
+
+
+def configure(dereverberate: bool) -> None:
+    """This process's phone aligner: whether it takes a room's late reverberation out of a window before
+    the model reads it (``whisper_align.dereverberate``; :mod:`audio.dereverb`). One setting a process,
+    as its workers are: the engine's runner sets it as it starts."""
+    _workers.dereverberate = dereverberate
 
 
 def serve() -> None:
@@ -448,7 +458,9 @@ def place_span(
 ) -> int:
     """:func:`place_words` of ``words[first:stop]`` over ``pcm`` (starting at ``offset``); where the
     search finds no path, each of :func:`halves` on its own, ``splits`` times at most."""
-    [times] = _workers.align([(pcm.tobytes(), [word.word for word in words[first:stop]])])
+    [times] = _workers.align(
+        [(pcm.tobytes(), [word.word for word in words[first:stop]], _workers.dereverberate)]
+    )
     if times is not None:
         for word, span in zip(words[first:stop], times, strict=True):
             if span is not None:

@@ -20,6 +20,7 @@ import numba
 import numpy as np
 
 from vllm_whisper_align.align.results import Transcript
+from vllm_whisper_align.audio import phones
 from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints.bundled import resolve_model
 from vllm_whisper_align.engine import vllm_internals
@@ -93,6 +94,7 @@ class WhisperAligner:
         self.facts = driver.EngineFacts(self.tokens, tuple(self.suppress_tokens), detection)
         config = WhisperAlignConfig.from_additional_config(args.get("additional_config"))
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
+        phones.configure(dereverberate=config.dereverberate)
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from vllm_whisper_align import memory
 from vllm_whisper_align.align.results import Transcript, WindowResult
+from vllm_whisper_align.audio import phones
 from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
@@ -125,6 +126,7 @@ class AlignmentService:
         self._idle_tasks: set[asyncio.Task] = set()
         config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
+        phones.configure(dereverberate=config.dereverberate)
         self.urgent_head_start_s = config.urgent_head_start_s
         self.packer = packing.PackQueue(
             functools.partial(self.run, urgent=True),  # short inputs only
