@@ -87,8 +87,8 @@ PUNCTUATION = '.,!?;:"“”()[]{}…-–—'
 NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
 
-# An utterance to align: its audio (16 kHz PCM16) and Whisper's words in it.
-# (PCM16 audio, its words, whether the room's late reverberation is taken out first)
+# An utterance to align: its audio (16 kHz PCM16), Whisper's words in it, and whether the room's late
+# reverberation is taken out of the audio first.
 Utterance = tuple[bytes, Sequence[str], bool]
 # Each word's (start, end) in seconds into its utterance (None for punctuation alone); None for the
 # utterance where it could not be aligned.
