@@ -594,6 +594,7 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
             f"{unsupported}, which does not load this plugin's endpoints (no word timestamps, "
             "no /v1/audio/alignments); serve through vLLM's HTTP server"
         )
+    check_plugin_options(server_argv)
     from vllm_whisper_align.checkpoints.bundled import resolve_model
     from vllm_whisper_align.log import vllm_logging_now
     from vllm_whisper_align.server.limits import http_environment
@@ -609,6 +610,27 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
     command = [sys.executable, "-m", "vllm_whisper_align.server.launch", "--model", model]
     command += defaults + server_argv
     os.execvpe(sys.executable, command, env)
+
+
+def check_plugin_options(server_argv: list[str]) -> None:
+    """The plugin's own options (``--additional-config``'s ``whisper_align``), read before vLLM starts:
+    a mistake there is one line now, not an engine core that fails to start with a traceback after
+    tens of seconds. Text that is not JSON is left to vLLM's parser, which says so."""
+    from vllm_whisper_align.protocol import WhisperAlignConfig
+
+    for i, arg in enumerate(server_argv):
+        if arg == "--additional-config" and i + 1 < len(server_argv):
+            value = server_argv[i + 1]
+        elif arg.startswith("--additional-config="):
+            value = arg.split("=", 1)[1]
+        else:
+            continue
+        try:
+            config = json.loads(value)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(config, dict):
+            WhisperAlignConfig.from_additional_config(config)
 
 
 def _serve_defaults(

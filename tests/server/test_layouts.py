@@ -231,3 +231,23 @@ def test_front_ends_without_endpoint_plugins_are_refused_at_start(flag, env):
     done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, **env), timeout=120)
     assert done.returncode == 2, done.stderr
     assert "does not load this plugin's endpoints" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--additional-config", '{"whisper_align": {"dereverberate": "yes"}}'],
+        ['--additional-config={"whisper_align": {"packing": 1}}'],
+        ["--additional-config", '{"whisper_align": {"pakcing": true}}'],
+    ],
+    ids=["switch", "switch-with-equals", "unknown"],
+)
+def test_a_bad_plugin_option_is_refused_at_start_in_one_line(given):
+    """Read before vLLM starts: one line and exit 2 in a moment, not an engine core failing with a
+    traceback after tens of seconds."""
+    command = [str(Path(sys.executable).parent / "vllm-whisper-align"), "serve", *given]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    [line] = [line for line in done.stderr.splitlines() if line.strip()]
+    assert line.startswith("vllm-whisper-align: error: ") and "whisper_align" in line, line
