@@ -8,11 +8,9 @@ forced to its text (or, ``--task transcribe``, transcribed) with this project's 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --conditions none,reverb0.6
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --dereverberate
 
-The room (tests/support/rooms.py): the direct sound, then a diffuse tail falling by 60 dB in the
-reverberation time (RT60), its energy growing with the RT60 (a direct-to-reverberant ratio of 6 dB at
-0.3 s, 3 dB at 0.6 s, 0.8 dB at 1 s). The direct sound keeps the recording's times, so the truth holds;
-what the room adds after a word's end is not the word. ``--dereverberate``: the engine set to take a room's
-late reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``).
+The room is tests/support/rooms.py's (its RT60 is the condition's number); the direct sound keeps the
+recording's times, so the truth holds. ``--dereverberate``: the engine set to take a room's late
+reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``).
 
 The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written

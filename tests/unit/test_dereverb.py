@@ -1,6 +1,6 @@
 """The late reverberation taken out before the acoustic model of phones reads a window
 (``audio.dereverb``: weighted prediction error); what it does to word boundaries is checked in
-test_phones.py and tests/engine/test_real_speech.py."""
+test_phones.py and, through a server set to it, tests/server/test_server.py."""
 
 from __future__ import annotations
 
@@ -40,10 +40,8 @@ def test_dry_speech_is_changed_little(talker):
     over 20 dB below the speech (23 dB on this one; MFA's two recordings of a talker with a cold, 44
     and 57 dB)."""
     out = dereverb.dereverberated(talker.samples, MODEL_BAND_HZ, SAMPLE_RATE)
-    taken = np.sum((out - talker.samples).astype(np.float64) ** 2) / np.sum(
-        talker.samples.astype(np.float64) ** 2
-    )
-    assert 10 * np.log10(taken) < -20
+    speech = talker.samples.astype(np.float64)
+    assert 10 * np.log10(np.sum((out - speech) ** 2) / np.sum(speech**2)) < -20
 
 
 def test_frequencies_outside_the_band_are_kept(talker):

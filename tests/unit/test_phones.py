@@ -282,7 +282,7 @@ def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
     34 (a word's end ran on through the room's tail, and the next word's onset was smeared)."""
     clips = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
     [clip] = [c for c in clips if c.id == "mfa_cold_corpus"]
-    pcm = (np.clip(in_room(clip.samples, 1.0, seed=0), -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    pcm = phones.pcm16(in_room(clip.samples, 1.0, seed=0)).tobytes()
 
     def within_50ms(dereverberate: bool) -> tuple[int, int]:
         times = phones.align_utterance(pcm, [" " + word for word in clip.words], dereverberate)
@@ -300,6 +300,7 @@ def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
 def test_the_process_setting_reaches_the_workers(monkeypatch):
     sent = []
     monkeypatch.setattr(phones._workers, "align", lambda utterances: sent.extend(utterances) or [None])
+    monkeypatch.setattr(phones._workers, "dereverberate", phones._workers.dereverberate)  # put back after
     words = [Timed(0.0, 0.5, " hello")]
     for setting in (True, False):
         phones.configure(dereverberate=setting)

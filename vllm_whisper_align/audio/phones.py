@@ -279,8 +279,12 @@ def without_late_reverberation(pcm: bytes) -> bytes:
     """``pcm`` (PCM16) with the room's late reverberation taken out (:mod:`audio.dereverb`) in the band
     the model reads: a word's end otherwise ran on through the room's tail."""
     samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
-    clean = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE)
-    return (np.clip(clean, -1.0, 1.0) * 32767).astype(np.int16).tobytes()
+    return pcm16(dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE)).tobytes()
+
+
+def pcm16(samples: np.ndarray) -> np.ndarray:
+    """Float samples (-1..1, clipped) as the 16-bit PCM PocketSphinx reads."""
+    return (np.clip(samples, -1.0, 1.0) * 32767).astype(np.int16)
 
 
 def search(sphinx: Any, pcm: bytes, words: Sequence[str], beam: float) -> list | None:
@@ -425,7 +429,7 @@ def place_words(words: Sequence[TimedWord], samples: np.ndarray, offset: float, 
     Words that cannot be placed keep their times."""
     if language not in PHONE_LANGUAGES or not words:
         return 0
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype(np.int16)
+    pcm = pcm16(samples)
     before = [(word.start, word.end) for word in words]
     placed = place_span(words, pcm, offset, 0, len(words), SPLITS)
     return placed - keep_far_moves(words, before) if placed else 0
