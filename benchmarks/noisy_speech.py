@@ -6,11 +6,12 @@ forced to its text (or, ``--task transcribe``, transcribed) with this project's 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py [--model base]
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --task transcribe
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --conditions none,reverb0.6
-    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --dereverberate
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --dereverberate true
 
 The room is tests/support/rooms.py's (its RT60 is the condition's number); the direct sound keeps the
-recording's times, so the truth holds. ``--dereverberate``: the engine set to take a room's late
-reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``).
+recording's times, so the truth holds. ``--dereverberate``: whether the engine takes a room's late
+reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``: ``auto``,
+the default, where the window has a tail; ``true``, every window; ``false``, none).
 
 The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written
@@ -106,7 +107,9 @@ def main() -> None:
     )
     parser.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en")
     parser.add_argument("--task", choices=("align", "transcribe"), default="align")
-    parser.add_argument("--dereverberate", action="store_true", help="whisper_align.dereverberate on")
+    parser.add_argument(
+        "--dereverberate", choices=("auto", "true", "false"), default="auto", help="whisper_align's"
+    )
     names = [condition_name(*condition) for condition in CONDITIONS]
     parser.add_argument(
         "--conditions", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}"
@@ -120,7 +123,8 @@ def main() -> None:
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     path = default_model_path() if args.model == "tiny.en" else base_model_path()
-    settings = {"whisper_align": {"dereverberate": args.dereverberate}}
+    mode = {"auto": "auto", "true": True, "false": False}[args.dereverberate]
+    settings = {"whisper_align": {"dereverberate": mode}}
     aligner = WhisperAligner(str(path), dtype="float32", additional_config=settings)
     rows = []
     try:
@@ -149,13 +153,12 @@ def main() -> None:
         aligner.close()
     OUT.mkdir(parents=True, exist_ok=True)
     machine = f"{cpu_description()}, model {args.model}, float32, {args.task}, {len(clips)} clips"
-    if args.dereverberate:
-        machine += ", dereverberated"
+    machine += f", dereverberate {args.dereverberate}"
     name = "results.json" if args.task == "align" else f"results-{args.task}.json"
     if set(chosen) != set(names):
         name = name.replace(".json", f"-{'-'.join(chosen)}.json")
-    if args.dereverberate:
-        name = name.replace(".json", "-dereverberated.json")
+    if args.dereverberate != "auto":
+        name = name.replace(".json", f"-dereverberate-{args.dereverberate}.json")
     (OUT / name).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     print(f"\n{machine}\n")
     print(

@@ -4,6 +4,9 @@
 rounds; and the CPU time the phone aligner's processes took in each ``auto`` pass.
 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/phones_cost.py [--rounds 3] [--clients 32]
+        [--dereverberate auto|true|false]
+
+``--dereverberate`` sets ``whisper_align.dereverberate`` (not given: `serve`'s default).
 
 The clips are benchmarks/out/manifest.json (``benchmarks/run.py`` writes it: 75 espeak-ng clips, 633 s,
 English). Every pass starts on an idle server whose encoder cache is empty, as in vllm_http_run.py.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import time
@@ -68,7 +72,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--manifest", type=Path, default=HERE / "out" / "manifest.json")
+    parser.add_argument("--dereverberate", choices=("auto", "true", "false"))
     args = parser.parse_args()
+    extra_args = []
+    if args.dereverberate:
+        mode = {"auto": "auto", "true": True, "false": False}[args.dereverberate]
+        extra_args = ["--additional-config", json.dumps({"whisper_align": {"dereverberate": mode}})]
     import openai
 
     items = load_manifest(args.manifest)
@@ -76,7 +85,8 @@ def main() -> None:
     audio_s = sum(item["duration"] for item in items)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = start_server(None, DEFAULT_VARIANT, 32, port, HERE / "out" / "phones_cost_serve.log")
+    log_path = HERE / "out" / "phones_cost_serve.log"
+    server = start_server(None, DEFAULT_VARIANT, 32, port, log_path, extra_args)
     rates: dict[str, list[float]] = {method: [] for method in METHODS}
     worker_cpu: list[float] = []
     try:
@@ -103,7 +113,9 @@ def main() -> None:
     finally:
         stop_server(server)
     heads, auto = (statistics.median(rates[method]) for method in METHODS)
+    setting = f"dereverberate {args.dereverberate}" if args.dereverberate else "serve's defaults"
     print(f"\nMachine: {cpu_description()}; {len(items)} clips, {audio_s:.0f} s; {args.clients} clients")
+    print(f"Setting: {setting}")
     print(f"| alignment_method | audio s / wall s (median of {args.rounds}) | rounds |")
     print("|---|---|---|")
     for method in METHODS:

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from vllm_whisper_align.audio.dereverb import AUTO, DEFAULT_MODE, Mode
 from vllm_whisper_align.constants import MAX_DECODER_TOKENS, N_FRAMES
 from vllm_whisper_align.options import DEFAULT_ALIGNMENT_METHOD, method_named
 
@@ -186,8 +187,9 @@ class WhisperAlignConfig:
     pack_alignments: bool = False
     # A room's late reverberation taken out of each window of 5 s or more before the acoustic model of
     # phones reads it (audio.dereverb): word edges nearer in reverberant rooms, about twice the model's
-    # CPU (docs/boundaries.md#reverberation-2026-12-06).
-    dereverberate: bool = False
+    # CPU where it runs. "auto": in the windows where a first estimate finds a tail; true: every one
+    # (docs/boundaries.md#reverberation-2026-12-06).
+    dereverberate: Mode = DEFAULT_MODE
     # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
     urgent_head_start_s: float = URGENT_HEAD_START_S
 
@@ -203,9 +205,13 @@ class WhisperAlignConfig:
                 f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
             )
         config = cls(**options)
-        for name in ("packing", "pack_alignments", "dereverberate"):
+        for name in ("packing", "pack_alignments"):
             if not isinstance(getattr(config, name), bool):
                 raise ValueError(f"whisper_align.{name} must be true or false, got {getattr(config, name)!r}")
+        if not (isinstance(config.dereverberate, bool) or config.dereverberate == AUTO):
+            raise ValueError(
+                f'whisper_align.dereverberate must be true, false or "auto", got {config.dereverberate!r}'
+            )
         if (
             isinstance(config.encoder_cache_mib, bool)
             or not isinstance(config.encoder_cache_mib, int)

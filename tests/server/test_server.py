@@ -924,32 +924,23 @@ def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_te
     assert np.mean(errors <= 0.1) >= 0.8
 
 
-@pytest.fixture(scope="module")
-def room_server(model_dir, tmp_path_factory):
-    """A server that takes a room's late reverberation out of each window before the acoustic model of
-    phones reads it (whisper_align.dereverberate)."""
-    from tests.support.servers import running_server
-
-    args = whisper_align_args(dereverberate=True)
-    with running_server(model_dir, tmp_path_factory.mktemp("room"), args=args) as base:
-        yield base
-
-
-def test_a_server_set_to_dereverberate_places_words_said_in_a_reverberant_room(room_server):
+def test_words_said_in_a_reverberant_room_are_placed_by_default(server):
     """The real sets (main and spontaneous, as benchmarks/noisy_speech.py loads them) played in a
-    simulated room whose tail falls by 60 dB in 1 s (tests/support/rooms.py), forced to their texts.
-    2026-12-06: 80.7% of starts and 73.9% of ends within 50 ms (serve, bfloat16 on AMX; the offline API
-    in float32: 80.7 and 74.5%); without the setting (the default) 76.4 and 68.3% (77.0 and 68.6%)."""
+    simulated room whose tail falls by 60 dB in 1 s (tests/support/rooms.py), forced to their texts
+    through a server as a user starts it: its windows with a tail are dereverberated
+    (whisper_align.dereverberate "auto"). 2026-12-06: 80.7% of starts and 73.9% of ends within 50 ms
+    with every window dereverberated (serve, bfloat16 on AMX); with none (the default before "auto"),
+    76.4 and 68.3%."""
     from tests.support import real_speech
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     audio = [in_room(c.samples, 1.0, seed=i) for i, c in enumerate(clips)]
-    responses = send_alignments(room_server, clips, audio)
+    responses = send_alignments(server, clips, audio)
     assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
     words = [response.json()["words"] for response in responses]
     starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
     ends = np.concatenate([end_errors(c, w) for c, w in zip(clips, words, strict=True)])
     starts_within, ends_within = np.mean(starts <= 0.05), np.mean(ends <= 0.05)
-    print(f"\nin a room, dereverberated: starts {starts_within:.1%}, ends {ends_within:.1%} within 50 ms")
-    assert starts_within >= 0.79  # without the setting: 76.4% (serve, bfloat16 on AMX)
+    print(f"\nin a room, serve's defaults: starts {starts_within:.1%}, ends {ends_within:.1%} within 50 ms")
+    assert starts_within >= 0.79  # none dereverberated: 76.4% (serve, bfloat16 on AMX)
     assert ends_within >= 0.72  # 68.3%

@@ -77,11 +77,21 @@ def test_encoder_cache_size_must_be_whole_mib(value):
         WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": value}})
 
 
-@pytest.mark.parametrize("name", ["packing", "pack_alignments", "dereverberate"])
+@pytest.mark.parametrize("name", ["packing", "pack_alignments"])
 def test_switches_must_be_true_or_false(name):
     assert getattr(WhisperAlignConfig.from_additional_config({"whisper_align": {name: True}}), name) is True
     with pytest.raises(ValueError, match=f"whisper_align.{name} must be true or false"):
         WhisperAlignConfig.from_additional_config({"whisper_align": {name: "yes"}})
+
+
+@pytest.mark.parametrize("value", ["yes", "Auto", 1, None])
+def test_dereverberate_is_true_false_or_auto(value):
+    assert WhisperAlignConfig.from_additional_config({}).dereverberate == "auto"
+    for good in (True, False, "auto"):
+        config = WhisperAlignConfig.from_additional_config({"whisper_align": {"dereverberate": good}})
+        assert config.dereverberate is good or config.dereverberate == good
+    with pytest.raises(ValueError, match='whisper_align.dereverberate must be true, false or "auto"'):
+        WhisperAlignConfig.from_additional_config({"whisper_align": {"dereverberate": value}})
 
 
 @pytest.mark.parametrize("value", [-1, float("nan"), float("inf"), 2e9, "60", True, None])

@@ -12,6 +12,7 @@ from tests.support import real_speech
 from tests.support.rooms import in_room
 from tests.support.speech import synthesize_sentence, synthesize_words
 from vllm_whisper_align.audio import phones
+from vllm_whisper_align.audio.dereverb import Mode
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 
@@ -284,7 +285,7 @@ def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
     [clip] = [c for c in clips if c.id == "mfa_cold_corpus"]
     pcm = phones.pcm16(in_room(clip.samples, 1.0, seed=0)).tobytes()
 
-    def within_50ms(dereverberate: bool) -> tuple[int, int]:
+    def within_50ms(dereverberate: Mode) -> tuple[int, int]:
         times = phones.align_utterance(pcm, [" " + word for word in clip.words], dereverberate)
         assert times is not None and all(span is not None for span in times)
         starts = sum(abs(span[0] - start) <= 0.05 for span, start in zip(times, clip.starts, strict=True))
@@ -295,6 +296,7 @@ def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
     starts_reverberant, ends_reverberant = within_50ms(dereverberate=False)
     assert starts >= 51 and ends >= 38
     assert starts >= starts_reverberant + 4 and ends >= ends_reverberant + 4
+    assert within_50ms(dereverberate="auto") == (starts, ends)  # the default's gate finds the tail
 
 
 def test_the_process_setting_reaches_the_workers(monkeypatch):
@@ -302,7 +304,7 @@ def test_the_process_setting_reaches_the_workers(monkeypatch):
     monkeypatch.setattr(phones._workers, "align", lambda utterances: sent.extend(utterances) or [None])
     monkeypatch.setattr(phones._workers, "dereverberate", phones._workers.dereverberate)  # put back after
     words = [Timed(0.0, 0.5, " hello")]
-    for setting in (True, False):
+    for setting in (True, False, "auto"):
         phones.configure(dereverberate=setting)
         phones.place_words(words, np.zeros(SAMPLE_RATE, dtype=np.float32), 0.0, "en")
-    assert [utterance[2] for utterance in sent] == [True, False]
+    assert [utterance[2] for utterance in sent] == [True, False, "auto"]

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vllm_whisper_align.audio.dereverb import dereverberated
+from vllm_whisper_align.audio.dereverb import DEFAULT_MODE, Mode, dereverberated
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 # Languages whose words the acoustic model can place.
@@ -88,8 +88,8 @@ NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
 
 # An utterance to align: its audio (16 kHz PCM16), Whisper's words in it, and whether the room's late
-# reverberation is taken out of the audio first.
-Utterance = tuple[bytes, Sequence[str], bool]
+# reverberation is taken out of the audio first (audio.dereverb.Mode).
+Utterance = tuple[bytes, Sequence[str], Mode]
 # Each word's (start, end) in seconds into its utterance (None for punctuation alone); None for the
 # utterance where it could not be aligned.
 WordSpans = list[tuple[float, float] | None] | None
@@ -241,7 +241,7 @@ def dithered(pcm: bytes) -> bytes:
     return np.clip(np.frombuffer(pcm, dtype=np.int16) + noise, -32768, 32767).astype(np.int16).tobytes()
 
 
-def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: bool = False) -> WordSpans:
+def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: Mode = False) -> WordSpans:
     """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
     (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path.
     Searched within BEAM, and where that finds no path, again without a beam (0: every path kept; about
@@ -258,8 +258,8 @@ def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: bool = Fals
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
-    if dereverberate:
-        pcm = without_late_reverberation(pcm)
+    if dereverberate is not False:
+        pcm = without_late_reverberation(pcm, always=dereverberate is True)
     segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
     if segments is None:
         return None
@@ -275,11 +275,13 @@ def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: bool = Fals
     return times
 
 
-def without_late_reverberation(pcm: bytes) -> bytes:
+def without_late_reverberation(pcm: bytes, always: bool) -> bytes:
     """``pcm`` (PCM16) with the room's late reverberation taken out (:mod:`audio.dereverb`) in the band
-    the model reads: a word's end otherwise ran on through the room's tail."""
+    the model reads: a word's end otherwise ran on through the room's tail. Unless ``always``, only
+    where the dereverberation's gate finds a tail; ``pcm`` itself where nothing was taken out."""
     samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
-    return pcm16(dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE)).tobytes()
+    out = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE, always)
+    return pcm if out is samples else pcm16(out).tobytes()
 
 
 def pcm16(samples: np.ndarray) -> np.ndarray:
@@ -380,7 +382,7 @@ class Workers:
     the end of a burst of requests: every window the engine had just answered waited for it."""
 
     def __init__(self, count: int) -> None:
-        self.dereverberate = False  # see configure()
+        self.dereverberate: Mode = DEFAULT_MODE  # see configure()
         self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
         for _ in range(count):
             self._idle.put(Worker())
@@ -396,9 +398,10 @@ class Workers:
 _workers = Workers(WORKERS)
 
 
-def configure(dereverberate: bool) -> None:
+def configure(dereverberate: Mode) -> None:
     """This process's phone aligner: whether it takes a room's late reverberation out of a window before
-    the model reads it (``whisper_align.dereverberate``; :mod:`audio.dereverb`). One setting a process,
+    the model reads it (``whisper_align.dereverberate``: always, never, or where the window has a tail;
+    :mod:`audio.dereverb`). One setting a process,
     as its workers are: the engine's runner sets it as it starts."""
     _workers.dereverberate = dereverberate
 
