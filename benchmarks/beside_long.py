@@ -15,6 +15,10 @@ for each of `--long`:
 Prints and writes (benchmarks/out/beside_long.json) the short requests' times (median, p90, max) and
 the long request's, alone (before the short requests) and beside them, with a table for
 benchmarks/RESULTS.md.
+
+``--at 0.5,2,4``: the short requests are sent at those seconds after the long alignment, each on its own
+(not one after another), so that the first seconds of the long alignment, when it hands the engine a
+step of windows at once, get as many short requests as its later ones; each one's time is printed.
 """
 
 from __future__ import annotations
@@ -93,17 +97,31 @@ async def align(http: httpx.AsyncClient, server: str, long: tuple[bytes, str]) -
     response.raise_for_status()
 
 
-async def beside(server: str, short: bytes, long: tuple[bytes, str]) -> dict:
-    """Short requests one after another while the long alignment runs: their times and its."""
+async def beside(server: str, short: bytes, long: tuple[bytes, str], at: list[float] | None) -> dict:
+    """Short requests while the long alignment runs, one after another (or sent at the seconds ``at``):
+    their times and its."""
     async with httpx.AsyncClient(timeout=3600) as http:
         started = time.perf_counter()
         task = asyncio.create_task(align(http, server, long))
-        times = []
-        while not task.done():
-            times.append(await short_request(http, server, short))
-            await asyncio.sleep(PAUSE_S)
+        ended: list[float] = []  # when the long alignment ended (the short requests may go on after it)
+        task.add_done_callback(lambda _: ended.append(time.perf_counter()))
+        if at:
+
+            async def sent_at(seconds: float) -> float:
+                await asyncio.sleep(seconds)
+                return await short_request(http, server, short)
+
+            times = list(await asyncio.gather(*(sent_at(seconds) for seconds in at)))
+            pairs = [(seconds, round(took, 2)) for seconds, took in zip(at, times, strict=True)]
+            print("beside_long: (sent at s, took s):", pairs)
+        else:
+            times = []
+            while not task.done():
+                times.append(await short_request(http, server, short))
+                await asyncio.sleep(PAUSE_S)
         await task
-        return {"long_s": round(time.perf_counter() - started, 1), **summary(times)}
+        sent = {"sent_at_s": at, "times_s": [round(took, 2) for took in times]} if at else {}
+        return {"long_s": round(ended[0] - started, 1), **summary(times), **sent}
 
 
 def summary(times: list[float]) -> dict:
@@ -115,7 +133,7 @@ def summary(times: list[float]) -> dict:
     }
 
 
-async def measure(server: str, kinds: list[str]) -> dict:
+async def measure(server: str, kinds: list[str], at: list[float] | None) -> dict:
     short = wav_bytes(sentence_clips()[0].samples)
     async with httpx.AsyncClient(timeout=600) as http:
         for _ in range(3):  # warm-up
@@ -124,7 +142,7 @@ async def measure(server: str, kinds: list[str]) -> dict:
     rows = {"alone": summary(alone)}
     for kind in kinds:
         long = long_inputs(kind)
-        rows[kind] = {"long_alone_s": await long_alone(server, long), **await beside(server, short, long)}
+        rows[kind] = {"long_alone_s": await long_alone(server, long), **await beside(server, short, long, at)}
         print(f"beside_long: {kind}: {rows[kind]}", flush=True)
     return rows
 
@@ -150,12 +168,14 @@ def main() -> None:
     parser.add_argument("--long", default="speech,noise", help="comma-separated: speech, noise")
     parser.add_argument("--server", default=None, help="a running server's URL (default: start serve)")
     parser.add_argument("--serve-args", default="", help="flags added to serve's command line")
+    parser.add_argument("--at", default="", help="seconds after the long alignment to send each short one")
     args = parser.parse_args()
+    at = [float(seconds) for seconds in args.at.split(",")] if args.at else None
     with contextlib.ExitStack() as stack:
         server, dtype = server_in(stack, args.server, None, args.serve_args)
         result = {
             **run_facts("beside_long.py", dtype),
-            "rows": asyncio.run(measure(server, args.long.split(","))),
+            "rows": asyncio.run(measure(server, args.long.split(","), at)),
         }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))

@@ -269,6 +269,25 @@ def test_silence_and_noise_give_no_words(aligner):
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 
 
+def test_a_text_forced_onto_noise_is_not_searched_by_the_acoustic_model(aligner, clips, monkeypatch):
+    """A window without a frame of speech gives the acoustic model of phones nothing to place words on,
+    and on noise its search is its costliest (every path kept: 1-3 s a window): the words keep the
+    heads' times, inside the audio. The same text on its speech is searched (the control)."""
+    from vllm_whisper_align.audio import phones
+
+    searched = []
+    real_align = phones._workers.align
+    monkeypatch.setattr(phones._workers, "align", lambda u: searched.append(len(u)) or real_align(u))
+    clip = clips[1]
+    noise = NOISE_60S[: 30 * 16000]
+    [result] = aligner.align([noise], [clip.text], language="en", alignment_method="auto")
+    assert [w.word.strip(" .,").lower() for w in result.words] == [w.lower() for w in clip.words]
+    assert all(0 <= w.start <= w.end <= 30.0 for w in result.words)
+    assert searched == []
+    aligner.align([clip.samples], [clip.text], language="en", alignment_method="auto")
+    assert searched
+
+
 def test_no_more_words_in_a_silent_tail_than_the_reference(aligner, clips, reference):
     """Speech, then 60 s of silence: the speech is still heard, and the silence gets no more words
     than openai-whisper's transcribe (its defaults) hears in it on the same weights."""

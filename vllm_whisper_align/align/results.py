@@ -306,7 +306,10 @@ def window_words(
     # Text DTW squeezed into one instant is dropped by window_segments, as openai-whisper drops it (read
     # on the heads' times): the model would spread it over the window instead.
     spoken = bool(words) and words[-1].end > words[0].start
-    if method.places_phones and spoken:
+    # A window without a frame of speech (noise, hiss, a tone given a text) leaves the acoustic model
+    # nothing to place words on: its search there finds no path within its beam, is run again with
+    # every path kept (its costliest: seconds a window), and forces the words onto the noise anyway.
+    if method.places_phones and spoken and speech.any():
         place_after_prefix(window, words, samples, language)
     token_timings = [
         TokenTiming(
