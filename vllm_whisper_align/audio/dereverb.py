@@ -11,7 +11,7 @@ prediction is weighted by the inverse of the estimated clean power, so that quie
 as loud ones. Dry speech has little tail to predict, and the filter then takes little out.
 
 Whether a window has a tail worth the filter's time is read first, from the filter itself: one
-iteration on every GATE_STEP-th frequency (a thirtieth of the time) estimates the late reverberation,
+iteration on every GATE_STEP-th frequency (a twentieth of the time) estimates the late reverberation,
 and the whole filter runs only where that estimate is over GATE_DB of the window's energy
 (:func:`late_reverberation_db`). Below it the filter moved few words (a point or two of starts on dry
 and lightly noisy speech), at twice the acoustic model's CPU: skipping it keeps the default's cost.
@@ -66,7 +66,7 @@ def stft(samples: np.ndarray) -> np.ndarray:
 
 def stft_rows(samples: np.ndarray, bins: np.ndarray) -> np.ndarray:
     """The rows ``bins`` of :func:`stft` alone, as one real matrix product (for a few of its 257
-    frequencies, a quarter of the whole transform's time)."""
+    frequencies, under a third of the whole transform's time)."""
     phase = 2 * np.pi * np.outer(np.arange(FFT_SIZE), bins) / FFT_SIZE
     basis = np.concatenate([np.cos(phase), -np.sin(phase)], axis=1).astype(np.float32)
     parts = windowed_frames(samples).astype(np.float32) @ basis
