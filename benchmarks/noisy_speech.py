@@ -12,6 +12,8 @@ The room is tests/support/rooms.py's (its RT60 is the condition's number); the d
 recording's times, so the truth holds. ``--dereverberate``: whether the engine takes a room's late
 reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``: ``auto``,
 the default, where the window has a tail; ``true``, every window; ``false``, none).
+``--dereverberate-input``: an experiment, not what the engine does: each recording of 5 s or more is
+also dereverberated where the gate passes it (audio.dereverb, 60-7900 Hz) before Whisper hears it.
 
 The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written
@@ -40,6 +42,7 @@ from tests.support import real_speech  # noqa: E402
 from tests.support.no_speech import pink_noise, white_noise  # noqa: E402
 from tests.support.rooms import in_room  # noqa: E402
 from tests.support.speech import end_errors, start_errors  # noqa: E402
+from vllm_whisper_align.audio.dereverb import dereverberated  # noqa: E402
 from vllm_whisper_align.audio.features import frame_levels_db  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
@@ -56,6 +59,7 @@ CONDITIONS = [
     ("reverb", 1.0),
 ]
 METHODS = ("fixed", "heads", "auto")
+INPUT_BAND_HZ = (60.0, 7900.0)  # --dereverberate-input: what Whisper's mel filters read
 NOISES = {"white": white_noise, "pink": pink_noise}
 
 
@@ -110,6 +114,7 @@ def main() -> None:
     parser.add_argument(
         "--dereverberate", choices=("auto", "true", "false"), default="auto", help="whisper_align's"
     )
+    parser.add_argument("--dereverberate-input", action="store_true", help="Whisper's input too")
     names = [condition_name(*condition) for condition in CONDITIONS]
     parser.add_argument(
         "--conditions", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}"
@@ -130,6 +135,8 @@ def main() -> None:
     try:
         for kind, amount in (c for c in CONDITIONS if condition_name(*c) in chosen):
             audio = [with_condition(c.samples, kind, amount, seed=i) for i, c in enumerate(clips)]
+            if args.dereverberate_input:
+                audio = [dereverberated(samples, INPUT_BAND_HZ, SAMPLE_RATE) for samples in audio]
             for method in METHODS:
                 if args.task == "align":
                     results = aligner.align(
@@ -154,11 +161,15 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     machine = f"{cpu_description()}, model {args.model}, float32, {args.task}, {len(clips)} clips"
     machine += f", dereverberate {args.dereverberate}"
+    if args.dereverberate_input:
+        machine += ", Whisper's input dereverberated"
     name = "results.json" if args.task == "align" else f"results-{args.task}.json"
     if set(chosen) != set(names):
         name = name.replace(".json", f"-{'-'.join(chosen)}.json")
     if args.dereverberate != "auto":
         name = name.replace(".json", f"-dereverberate-{args.dereverberate}.json")
+    if args.dereverberate_input:
+        name = name.replace(".json", "-input-dereverberated.json")
     (OUT / name).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))
     print(f"\n{machine}\n")
     print(
