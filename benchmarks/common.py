@@ -246,6 +246,11 @@ VARIANT_SUFFIXES = {
 }
 
 
+# ``--dereverberate`` of the benchmarks that take it: its words, and whisper_align.dereverberate's value
+# for each (audio.dereverb.Mode).
+DEREVERBERATE_MODES = {"auto": "auto", "true": True, "false": False}
+
+
 # The variant that passes no --dtype: what a user gets from plain `vllm-whisper-align serve`.
 DEFAULT_VARIANT = "default"
 

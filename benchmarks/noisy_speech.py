@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import cpu_description  # noqa: E402
+from common import DEREVERBERATE_MODES, cpu_description  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
 from tests.support.no_speech import pink_noise, white_noise  # noqa: E402
@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--model", choices=("tiny.en", "base"), default="tiny.en")
     parser.add_argument("--task", choices=("align", "transcribe"), default="align")
     parser.add_argument(
-        "--dereverberate", choices=("auto", "true", "false"), default="auto", help="whisper_align's"
+        "--dereverberate", choices=DEREVERBERATE_MODES, default="auto", help="whisper_align's"
     )
     parser.add_argument("--dereverberate-input", action="store_true", help="Whisper's input too")
     names = [condition_name(*condition) for condition in CONDITIONS]
@@ -128,8 +128,7 @@ def main() -> None:
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     path = default_model_path() if args.model == "tiny.en" else base_model_path()
-    mode = {"auto": "auto", "true": True, "false": False}[args.dereverberate]
-    settings = {"whisper_align": {"dereverberate": mode}}
+    settings = {"whisper_align": {"dereverberate": DEREVERBERATE_MODES[args.dereverberate]}}
     aligner = WhisperAligner(str(path), dtype="float32", additional_config=settings)
     rows = []
     try:

@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "runners"))
 
-from common import DEFAULT_VARIANT, cpu_description, load_manifest  # noqa: E402
+from common import DEFAULT_VARIANT, DEREVERBERATE_MODES, cpu_description, load_manifest  # noqa: E402
 from vllm_http_run import capture_stats, free_port, idle_server, start_server, stop_server, wait_healthy  # noqa: E402
 
 METHODS = ("heads", "auto")
@@ -72,12 +72,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--manifest", type=Path, default=HERE / "out" / "manifest.json")
-    parser.add_argument("--dereverberate", choices=("auto", "true", "false"))
+    parser.add_argument("--dereverberate", choices=DEREVERBERATE_MODES)
     args = parser.parse_args()
     extra_args = []
     if args.dereverberate:
-        mode = {"auto": "auto", "true": True, "false": False}[args.dereverberate]
-        extra_args = ["--additional-config", json.dumps({"whisper_align": {"dereverberate": mode}})]
+        settings = {"whisper_align": {"dereverberate": DEREVERBERATE_MODES[args.dereverberate]}}
+        extra_args = ["--additional-config", json.dumps(settings)]
     import openai
 
     items = load_manifest(args.manifest)

@@ -1,6 +1,6 @@
 """The late reverberation taken out before the acoustic model of phones reads a window
 (``audio.dereverb``: weighted prediction error); what it does to word boundaries is checked in
-test_phones.py and, through a server set to it, tests/server/test_server.py."""
+test_phones.py and, through a server started with its defaults, tests/server/test_server.py."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def late_db(samples: np.ndarray) -> float:
 
 def test_the_gates_rows_are_the_transforms():
     samples = np.random.default_rng(0).normal(0.0, 0.1, 3 * SAMPLE_RATE).astype(np.float32)
-    bins = np.arange(4, 214, dereverb.GATE_STEP)
+    band = dereverb.band_bins(MODEL_BAND_HZ, SAMPLE_RATE)
+    bins = np.arange(band.start, band.stop, dereverb.GATE_STEP)
     whole = dereverb.stft(samples)
     assert np.max(np.abs(dereverb.stft_rows(samples, bins) - whole[bins])) < 1e-5 * np.abs(whole).max()
 
