@@ -26,6 +26,24 @@ def pink_noise(seconds: float, seed: int = 0) -> np.ndarray:
     return (NOISE_RMS * pink / max(float(pink.std()), 1e-12)).astype(np.float32)
 
 
+NOISES = {"white": white_noise, "pink": pink_noise}
+
+
+def speech_level(samples: np.ndarray) -> float:
+    """RMS of the louder half of the 20 ms frames (a recording's speech, not its pauses)."""
+    from vllm_whisper_align.audio.features import frame_levels_db
+
+    power = 10 ** (frame_levels_db(samples) / 10)
+    return float(np.sqrt(np.mean(power[power >= np.median(power)])))
+
+
+def with_noise(samples: np.ndarray, noise: str, snr_db: float, seed: int) -> np.ndarray:
+    """``samples`` with ``noise`` ("white", "pink") mixed in ``snr_db`` under their speech_level."""
+    raw = NOISES[noise](len(samples) / SAMPLE_RATE + 1.0, seed=seed)[: len(samples)]
+    scaled = raw / max(float(raw.std()), 1e-12) * speech_level(samples) * 10 ** (-snr_db / 20)
+    return np.clip(samples + scaled, -1.0, 1.0).astype(np.float32)
+
+
 def tone(frequency_hz: float, seconds: float, amplitude: float = 0.3) -> np.ndarray:
     return (
         amplitude * np.sin(2 * np.pi * frequency_hz * np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE)

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from tests.support import real_speech
+from tests.support.no_speech import with_noise
 from tests.support.rooms import in_room
 from vllm_whisper_align.audio import dereverb
-from vllm_whisper_align.audio.phones import MODEL_BAND_HZ
+from vllm_whisper_align.audio.phones import MODEL_BAND_HZ, pcm16
 from vllm_whisper_align.constants import SAMPLE_RATE
 
 
@@ -85,3 +86,23 @@ def test_the_gate_skips_dry_speech_and_finds_a_rooms_tail():
 
 def test_the_gate_reads_digital_silence_as_no_tail():
     assert late_db(np.zeros(6 * SAMPLE_RATE, dtype=np.float32)) == float("-inf")
+
+
+def test_the_gate_reads_a_noisy_recording_alike_at_any_scale():
+    """MFA's first recording of the talker with a cold with pink noise 10 dB under its speech: the gate
+    reads the same (no tail) from the samples, the same scaled by 1 - 2**-15, and their PCM16, as the
+    phone aligner's workers get them. In single precision it read -34, -28 and -22 dB: the third over
+    GATE_DB, so a window's cleaning hung on its last bit."""
+    [clip] = [
+        c
+        for c in real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
+        if c.id == "mfa_cold_corpus"
+    ]
+    samples = with_noise(clip.samples, "pink", 10, seed=0)
+    quantized = pcm16(samples).astype(np.float32) / 32768
+    readings = [
+        dereverb.late_reverberation_db(s, MODEL_BAND_HZ, SAMPLE_RATE)
+        for s in (samples, samples * np.float32(1 - 2**-15), quantized)
+    ]
+    assert max(readings) - min(readings) < 1.0, readings
+    assert max(readings) < dereverb.GATE_DB, readings
