@@ -7,13 +7,16 @@ forced to its text (or, ``--task transcribe``, transcribed) with this project's 
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --task transcribe
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --conditions none,reverb0.6
     flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --dereverberate true
+    flock -x /tmp/vwa-bench.lock .venv/bin/python benchmarks/noisy_speech.py --denoise false
 
 The room is tests/support/rooms.py's (its RT60 is the condition's number); the direct sound keeps the
 recording's times, so the truth holds. ``--dereverberate``: whether the engine takes a room's late
 reverberation out before the acoustic model reads a window (``whisper_align.dereverberate``: ``auto``,
 the default, where the window has a tail; ``true``, every window; ``false``, none).
-``--dereverberate-input``: an experiment, not what the engine does: each recording of 5 s or more is
-also dereverberated where the gate passes it (audio.dereverb, 60-7900 Hz) before Whisper hears it.
+``--denoise``: whether the engine takes a steady noise floor out of a window where it took no
+reverberation out (``whisper_align.denoise``, true by default). ``--dereverberate-input``: an
+experiment, not what the engine does: each recording of 5 s or more is also dereverberated where the
+gate passes it (audio.dereverb, 60-7900 Hz) before Whisper hears it.
 
 The speech level a ratio is taken against is the RMS of the louder half of the clip's 20 ms frames (its
 speech, not its pauses); the noise is tests/support/no_speech.py's, seeded per clip. Printed, and written
@@ -39,11 +42,10 @@ sys.path.insert(0, str(HERE.parent))
 from common import DEREVERBERATE_MODES, cpu_description  # noqa: E402
 
 from tests.support import real_speech  # noqa: E402
-from tests.support.no_speech import pink_noise, white_noise  # noqa: E402
+from tests.support.no_speech import with_noise  # noqa: E402
 from tests.support.rooms import in_room  # noqa: E402
 from tests.support.speech import end_errors, start_errors  # noqa: E402
 from vllm_whisper_align.audio.dereverb import dereverberated  # noqa: E402
-from vllm_whisper_align.audio.features import frame_levels_db  # noqa: E402
 from vllm_whisper_align.constants import SAMPLE_RATE  # noqa: E402
 
 OUT = HERE / "out" / "noisy_speech"
@@ -60,19 +62,6 @@ CONDITIONS = [
 ]
 METHODS = ("fixed", "heads", "auto")
 INPUT_BAND_HZ = (60.0, 7900.0)  # --dereverberate-input: what Whisper's mel filters read
-NOISES = {"white": white_noise, "pink": pink_noise}
-
-
-def speech_level(samples: np.ndarray) -> float:
-    """RMS of the louder half of the 20 ms frames (the speech mask's frames)."""
-    power = 10 ** (frame_levels_db(samples) / 10)
-    return float(np.sqrt(np.mean(power[power >= np.median(power)])))
-
-
-def with_noise(samples: np.ndarray, noise: str, snr_db: float, seed: int) -> np.ndarray:
-    raw = NOISES[noise](len(samples) / SAMPLE_RATE + 1.0, seed=seed)[: len(samples)]
-    scaled = raw / max(float(raw.std()), 1e-12) * speech_level(samples) * 10 ** (-snr_db / 20)
-    return np.clip(samples + scaled, -1.0, 1.0).astype(np.float32)
 
 
 def with_condition(samples: np.ndarray, kind: str | None, amount: float | None, seed: int) -> np.ndarray:
@@ -114,6 +103,9 @@ def main() -> None:
     parser.add_argument(
         "--dereverberate", choices=DEREVERBERATE_MODES, default="auto", help="whisper_align's"
     )
+    parser.add_argument(
+        "--denoise", choices=("true", "false"), default="true", help="whisper_align's (default true)"
+    )
     parser.add_argument("--dereverberate-input", action="store_true", help="Whisper's input too")
     names = [condition_name(*condition) for condition in CONDITIONS]
     parser.add_argument(
@@ -128,7 +120,10 @@ def main() -> None:
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     path = default_model_path() if args.model == "tiny.en" else base_model_path()
-    settings = {"whisper_align": {"dereverberate": DEREVERBERATE_MODES[args.dereverberate]}}
+    denoise = args.denoise == "true"
+    settings = {
+        "whisper_align": {"dereverberate": DEREVERBERATE_MODES[args.dereverberate], "denoise": denoise}
+    }
     aligner = WhisperAligner(str(path), dtype="float32", additional_config=settings)
     rows = []
     try:
@@ -167,6 +162,9 @@ def main() -> None:
         name = name.replace(".json", f"-{'-'.join(chosen)}.json")
     if args.dereverberate != "auto":
         name = name.replace(".json", f"-dereverberate-{args.dereverberate}.json")
+    if not denoise:
+        machine += ", not denoised"
+        name = name.replace(".json", "-denoise-false.json")
     if args.dereverberate_input:
         name = name.replace(".json", "-input-dereverberated.json")
     (OUT / name).write_text(json.dumps({"machine": machine, "rows": rows}, indent=1))

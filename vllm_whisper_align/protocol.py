@@ -190,6 +190,10 @@ class WhisperAlignConfig:
     # CPU where it runs. "auto": in the windows where a first estimate finds a tail; true: every one
     # (docs/boundaries.md#reverberation-2026-12-06).
     dereverberate: Mode = DEFAULT_MODE
+    # A steady noise floor (hiss, hum, a fan) taken out of each window the acoustic model reads, where it
+    # is within 13 dB of the speech and no reverberation was taken out (audio.denoise): word edges
+    # nearer in noise (docs/boundaries.md#noise-2026-12-07).
+    denoise: bool = True
     # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
     urgent_head_start_s: float = URGENT_HEAD_START_S
 
@@ -205,7 +209,7 @@ class WhisperAlignConfig:
                 f"unknown whisper_align options in additional_config: {sorted(unknown)}; known: {known}"
             )
         config = cls(**options)
-        for name in ("packing", "pack_alignments"):
+        for name in ("packing", "pack_alignments", "denoise"):
             if not isinstance(getattr(config, name), bool):
                 raise ValueError(f"whisper_align.{name} must be true or false, got {getattr(config, name)!r}")
         if not (isinstance(config.dereverberate, bool) or config.dereverberate == AUTO):

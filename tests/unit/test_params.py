@@ -77,7 +77,7 @@ def test_encoder_cache_size_must_be_whole_mib(value):
         WhisperAlignConfig.from_additional_config({"whisper_align": {"encoder_cache_mib": value}})
 
 
-@pytest.mark.parametrize("name", ["packing", "pack_alignments"])
+@pytest.mark.parametrize("name", ["packing", "pack_alignments", "denoise"])
 def test_switches_must_be_true_or_false(name):
     assert getattr(WhisperAlignConfig.from_additional_config({"whisper_align": {name: True}}), name) is True
     with pytest.raises(ValueError, match=f"whisper_align.{name} must be true or false"):

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vllm_whisper_align.audio.denoise import denoised
 from vllm_whisper_align.audio.dereverb import DEFAULT_MODE, Mode, dereverberated
 from vllm_whisper_align.constants import SAMPLE_RATE
 
@@ -87,9 +88,10 @@ PUNCTUATION = '.,!?;:"“”()[]{}…-–—'
 NOT_WORDS = re.compile(r"^(<.*>|\[.*\]|\+.*\+)$")
 
 
-# An utterance to align: its audio (16 kHz PCM16), Whisper's words in it, and whether the room's late
-# reverberation is taken out of the audio first (audio.dereverb.Mode).
-Utterance = tuple[bytes, Sequence[str], Mode]
+# An utterance to align: its audio (16 kHz PCM16), Whisper's words in it, whether the room's late
+# reverberation is taken out of the audio first (audio.dereverb.Mode), and whether a steady noise floor
+# is (audio.denoise, where no reverberation was).
+Utterance = tuple[bytes, Sequence[str], Mode, bool]
 # Each word's (start, end) in seconds into its utterance (None for punctuation alone); None for the
 # utterance where it could not be aligned.
 WordSpans = list[tuple[float, float] | None] | None
@@ -241,7 +243,9 @@ def dithered(pcm: bytes) -> bytes:
     return np.clip(np.frombuffer(pcm, dtype=np.int16) + noise, -32768, 32767).astype(np.int16).tobytes()
 
 
-def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: Mode = False) -> WordSpans:
+def align_utterance(
+    pcm: bytes, texts: Sequence[str], dereverberate: Mode = False, denoise: bool = False
+) -> WordSpans:
     """(start, end) in seconds into ``pcm`` (16 kHz PCM16) of each of Whisper's words in ``texts``
     (None for punctuation alone), or None where a word cannot be read or PocketSphinx finds no path.
     Searched within BEAM, and where that finds no path, again without a beam (0: every path kept; about
@@ -258,8 +262,11 @@ def align_utterance(pcm: bytes, texts: Sequence[str], dereverberate: Mode = Fals
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
-    if dereverberate is not False:
-        pcm = without_late_reverberation(pcm, always=dereverberate is True)
+    cleaned = pcm if dereverberate is False else without_late_reverberation(pcm, dereverberate is True)
+    # One or the other: in a room, the tail read as a noise floor, and the filter took some of the words.
+    if denoise and cleaned is pcm:
+        cleaned = without_noise(pcm)
+    pcm = cleaned
     segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
     if segments is None:
         return None
@@ -281,6 +288,14 @@ def without_late_reverberation(pcm: bytes, always: bool) -> bytes:
     where the dereverberation's gate finds a tail; ``pcm`` itself where nothing was taken out."""
     samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
     out = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE, always)
+    return pcm if out is samples else pcm16(out).tobytes()
+
+
+def without_noise(pcm: bytes) -> bytes:
+    """``pcm`` (PCM16) with a steady noise floor taken out (:mod:`audio.denoise`) in the band the model
+    reads, where it is near enough to the speech to matter; ``pcm`` itself where nothing was."""
+    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
+    out = denoised(samples, MODEL_BAND_HZ, SAMPLE_RATE)
     return pcm if out is samples else pcm16(out).tobytes()
 
 
@@ -327,7 +342,7 @@ def into(pcm: bytes, frame: int) -> float:
 
 def align_utterances(utterances: Sequence[Utterance]) -> list[WordSpans]:
     """:func:`align_utterance` of each: what the worker process runs for one call."""
-    return [align_utterance(pcm, texts, dereverberate) for pcm, texts, dereverberate in utterances]
+    return [align_utterance(*utterance) for utterance in utterances]
 
 
 class Worker:
@@ -383,6 +398,7 @@ class Workers:
 
     def __init__(self, count: int) -> None:
         self.dereverberate: Mode = DEFAULT_MODE  # see configure()
+        self.denoise = True
         self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
         for _ in range(count):
             self._idle.put(Worker())
@@ -398,12 +414,14 @@ class Workers:
 _workers = Workers(WORKERS)
 
 
-def configure(dereverberate: Mode) -> None:
+def configure(dereverberate: Mode, denoise: bool) -> None:
     """This process's phone aligner: whether it takes a room's late reverberation out of a window before
     the model reads it (``whisper_align.dereverberate``: always, never, or where the window has a tail;
-    :mod:`audio.dereverb`). One setting a process,
-    as its workers are: the engine's runner sets it as it starts."""
+    :mod:`audio.dereverb`), and a steady noise floor where it found none (``whisper_align.denoise``;
+    :mod:`audio.denoise`). One setting a process, as its workers are: the engine's runner sets it as it
+    starts."""
     _workers.dereverberate = dereverberate
+    _workers.denoise = denoise
 
 
 def serve() -> None:
@@ -466,7 +484,7 @@ def place_span(
     """:func:`place_words` of ``words[first:stop]`` over ``pcm`` (starting at ``offset``); where the
     search finds no path, each of :func:`halves` on its own, ``splits`` times at most."""
     [times] = _workers.align(
-        [(pcm.tobytes(), [word.word for word in words[first:stop]], _workers.dereverberate)]
+        [(pcm.tobytes(), [word.word for word in words[first:stop]], _workers.dereverberate, _workers.denoise)]
     )
     if times is not None:
         for word, span in zip(words[first:stop], times, strict=True):

@@ -94,7 +94,7 @@ class WhisperAligner:
         self.facts = driver.EngineFacts(self.tokens, tuple(self.suppress_tokens), detection)
         config = WhisperAlignConfig.from_additional_config(args.get("additional_config"))
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
-        phones.configure(dereverberate=config.dereverberate)
+        phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""

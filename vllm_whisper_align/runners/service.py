@@ -126,7 +126,7 @@ class AlignmentService:
         self._idle_tasks: set[asyncio.Task] = set()
         config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
-        phones.configure(dereverberate=config.dereverberate)
+        phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
         self.urgent_head_start_s = config.urgent_head_start_s
         self.packer = packing.PackQueue(
             functools.partial(self.run, urgent=True),  # short inputs only
