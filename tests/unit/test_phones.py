@@ -277,47 +277,48 @@ def test_filled_pauses_the_text_writes_keep_their_own_sound(cold_talker):
     assert sum(error <= 0.05 for error in errors) >= 5
 
 
-def test_words_in_a_reverberant_room_are_placed_on_their_own_sound():
-    """MFA's first recording of the talker with a cold (26 s, 64 words), played in a simulated room whose
-    tail falls by 60 dB in 1 s, forced to its text: with the room's late reverberation taken out first
-    (``whisper_align.dereverberate``), 54 starts and 41 ends within 50 ms of the truth; without, 46 and
-    34 (a word's end ran on through the room's tail, and the next word's onset was smeared)."""
+@pytest.fixture(scope="module")
+def first_cold_recording():
+    """MFA's first recording of the talker with a cold (26 s, 64 words)."""
     clips = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
     [clip] = [c for c in clips if c.id == "mfa_cold_corpus"]
-    pcm = phones.pcm16(in_room(clip.samples, 1.0, seed=0)).tobytes()
+    return clip
 
-    def within_50ms(dereverberate: Mode) -> tuple[int, int]:
-        times = phones.align_utterance(pcm, [" " + word for word in clip.words], dereverberate)
-        assert times is not None and all(span is not None for span in times)
-        starts = sum(abs(span[0] - start) <= 0.05 for span, start in zip(times, clip.starts, strict=True))
-        ends = sum(abs(span[1] - end) <= 0.05 for span, end in zip(times, clip.ends, strict=True))
-        return starts, ends
 
-    starts, ends = within_50ms(dereverberate=True)
-    starts_reverberant, ends_reverberant = within_50ms(dereverberate=False)
+def within_50ms(clip, samples: np.ndarray, dereverberate: Mode, denoise: bool) -> tuple[int, int]:
+    """How many of ``clip``'s words start, and end, within 50 ms of the truth, ``samples`` (its audio in
+    some condition) forced to its text with these settings."""
+    pcm = phones.pcm16(samples).tobytes()
+    times = phones.align_utterance(pcm, [" " + word for word in clip.words], dereverberate, denoise)
+    assert times is not None and all(span is not None for span in times)
+    starts = sum(abs(span[0] - start) <= 0.05 for span, start in zip(times, clip.starts, strict=True))
+    ends = sum(abs(span[1] - end) <= 0.05 for span, end in zip(times, clip.ends, strict=True))
+    return starts, ends
+
+
+def test_words_in_a_reverberant_room_are_placed_on_their_own_sound(first_cold_recording):
+    """The recording played in a simulated room whose tail falls by 60 dB in 1 s, forced to its text:
+    with the room's late reverberation taken out first (``whisper_align.dereverberate``), 54 starts and
+    41 ends within 50 ms of the truth; without, 46 and 34 (a word's end ran on through the room's tail,
+    and the next word's onset was smeared). The noise filter does not run where the tail was taken out."""
+    clip = first_cold_recording
+    room = in_room(clip.samples, 1.0, seed=0)
+    starts, ends = within_50ms(clip, room, dereverberate=True, denoise=True)
+    starts_reverberant, ends_reverberant = within_50ms(clip, room, dereverberate=False, denoise=False)
     assert starts >= 51 and ends >= 38
     assert starts >= starts_reverberant + 4 and ends >= ends_reverberant + 4
-    assert within_50ms(dereverberate="auto") == (starts, ends)  # the default's gate finds the tail
+    # The default's gate finds the tail.
+    assert within_50ms(clip, room, dereverberate="auto", denoise=True) == (starts, ends)
 
 
-def test_words_over_a_noise_floor_are_placed_on_their_own_sound():
-    """MFA's first recording of the talker with a cold (26 s, 64 words) with pink noise 10 dB under its
-    speech, forced to its text: with the noise floor taken out first (``whisper_align.denoise``), 23
-    starts and 28 ends within 50 ms of the truth; without, 4 and 5 (the noise took the words' quiet
-    edges, and the search lost its way)."""
-    clips = real_speech.load_clips(log=lambda *_: None, sets=("spontaneous",))
-    [clip] = [c for c in clips if c.id == "mfa_cold_corpus"]
-    pcm = phones.pcm16(with_noise(clip.samples, "pink", 10, seed=0)).tobytes()
-
-    def within_50ms(denoise: bool) -> tuple[int, int]:
-        times = phones.align_utterance(pcm, [" " + word for word in clip.words], "auto", denoise)
-        assert times is not None and all(span is not None for span in times)
-        starts = sum(abs(span[0] - start) <= 0.05 for span, start in zip(times, clip.starts, strict=True))
-        ends = sum(abs(span[1] - end) <= 0.05 for span, end in zip(times, clip.ends, strict=True))
-        return starts, ends
-
-    starts, ends = within_50ms(denoise=True)
-    starts_noisy, ends_noisy = within_50ms(denoise=False)
+def test_words_over_a_noise_floor_are_placed_on_their_own_sound(first_cold_recording):
+    """The recording with pink noise 10 dB under its speech, forced to its text: with the noise floor
+    taken out first (``whisper_align.denoise``), 23 starts and 28 ends within 50 ms of the truth;
+    without, 4 and 5 (the noise took the words' quiet edges, and the search lost its way)."""
+    clip = first_cold_recording
+    noisy = with_noise(clip.samples, "pink", 10, seed=0)
+    starts, ends = within_50ms(clip, noisy, dereverberate="auto", denoise=True)
+    starts_noisy, ends_noisy = within_50ms(clip, noisy, dereverberate="auto", denoise=False)
     assert starts >= 20 and ends >= 24
     assert starts >= starts_noisy + 12 and ends >= ends_noisy + 12
 
