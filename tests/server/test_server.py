@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.rooms import in_room
 from tests.support.servers import (
+    MAX_AUDIO_S,
     MAX_GUESSES,
     assert_openai_error,
     disconnect_mid_request,
@@ -32,30 +33,7 @@ from tests.support.speech import concatenate_clips, end_errors, long_clip, sente
 from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
-MAX_AUDIO_S = 120
 SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path
-
-
-@pytest.fixture(scope="module")
-def server_log_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("server")
-
-
-@pytest.fixture(scope="module")
-def server(model_dir, server_log_dir):
-    """`vllm-whisper-align serve` as a user would start it, on a free local port.
-
-    WHISPER_ALIGN_TEST_SERVER=http://host:port reuses a server already started the same way.
-    """
-    from tests.support.servers import running_server
-
-    if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
-        yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
-        return
-    with running_server(  # no --served-model-name: serve names the model itself
-        model_dir, server_log_dir, env={"VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S)}
-    ) as base:
-        yield base
 
 
 @pytest.fixture(scope="module")
@@ -736,15 +714,6 @@ def test_hostile_inputs_are_400s_never_500s(server, client):
     )
     assert one.status_code == 200 and len(one.json()["words"]) == 1, one.text
     assert httpx.get(f"{server}/health", timeout=10).status_code == 200
-
-
-@pytest.fixture(scope="module")
-def narrow_server(model_dir, tmp_path_factory):
-    """A server whose engine runs two requests at once: a few windows already make a long recording."""
-    from tests.support.servers import running_server
-
-    with running_server(model_dir, tmp_path_factory.mktemp("narrow"), args=["--max-num-seqs", "2"]) as base:
-        yield base
 
 
 @pytest.mark.parametrize("route", ["transcriptions", "alignments"])

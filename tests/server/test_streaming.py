@@ -8,7 +8,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -20,36 +19,21 @@ import numpy as np
 import pytest
 import websockets
 
-from tests.support.servers import assert_openai_error, free_port, wav_bytes
+from tests.support.servers import (
+    IDLE_S,
+    MAX_AUDIO_S,
+    MAX_LIVE_STREAMS,
+    TWO_AT_A_TIME,
+    assert_openai_error,
+    free_port,
+    wav_bytes,
+)
 from tests.support.speech import align_words, concatenate_clips, long_clip, sentence_clips, word_errors
 from vllm_whisper_align.constants import SAMPLE_RATE
 from vllm_whisper_align.live import buffer as live_buffer
 
-MAX_AUDIO_S = 120
-# Live streams open at once, and how long one at rest may send nothing: the server's own settings, small
-# enough to be reached here (two streams of one test, and a third still closing from the test before).
-MAX_LIVE_STREAMS = 3
-IDLE_S = 10
 # What a realtime client sends at a time: 100 ms of PCM16.
 CHUNK_S = 0.1
-
-
-@pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    """`vllm-whisper-align serve` on a free port (WHISPER_ALIGN_TEST_SERVER reuses one started the same
-    way, with the environment below)."""
-    from tests.support.servers import running_server
-
-    if os.environ.get("WHISPER_ALIGN_TEST_SERVER"):
-        yield os.environ["WHISPER_ALIGN_TEST_SERVER"]
-        return
-    env = {
-        "VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S),
-        "VLLM_WHISPER_ALIGN_MAX_LIVE_STREAMS": str(MAX_LIVE_STREAMS),
-        "VLLM_WHISPER_ALIGN_BODY_IDLE_S": str(IDLE_S),
-    }
-    with running_server(model_dir, tmp_path_factory.mktemp("server"), env=env) as base:
-        yield base
 
 
 # ---------------------------------------------------------------------------- streamed files
@@ -318,7 +302,11 @@ def test_a_client_that_leaves_mid_stream_frees_its_buffer_and_captures(server):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         stats = live_stats(server)
-        if stats["live_streams"] == 0 and stats["tracked"] == 0 and stats["parked"] == 0:
+        # A round that was decoding the stream's audio when it closed ends on its own: wait for it too.
+        if (
+            stats["live_streams"] == 0
+            and stats["tracked"] == stats["parked"] == stats["requests_in_flight"] == 0
+        ):
             break
         time.sleep(0.5)
     assert stats["live_streams"] == 0 and stats["live_buffered_samples"] == 0, stats
@@ -581,7 +569,6 @@ def test_cli_streams_stdin_in_process(server):
 
 # Files posted on a server that runs TWO_AT_A_TIME engine requests: most of their windows wait for the
 # engines when the request under test comes.
-TWO_AT_A_TIME = 2
 FILES_AHEAD = 12
 
 
@@ -638,27 +625,25 @@ async def transcribed(server: str, audio: bytes, http: httpx.AsyncClient | None 
         return response.json()
 
 
-def test_short_and_live_requests_go_before_the_windows_of_longer_files(model_dir, tmp_path):
+def test_short_and_live_requests_go_before_the_windows_of_longer_files(narrow_server):
     """Files over one window are posted until most of their windows wait for the engines. A live stream
     then sent faster than real time gets its last words, a streamed 65 s file its first window's words,
     and a 3 s clip its answer, while most files are still waiting: their engine requests go before
     those windows (vLLM's priority scheduling, serve's default). First come, first served, they waited
     behind every window posted before them, and the files were all done first."""
-    from tests.support.servers import running_server
-
     file = wav_bytes(long_clip(31))  # two windows
     clip = sentence_clips()[1]
     streamed = wav_bytes(long_clip(65))
-    with running_server(model_dir, tmp_path, args=["--max-num-seqs", str(TWO_AT_A_TIME)]) as server:
-        live, live_behind = asyncio.run(
-            files_done_before(server, file, lambda base: stream_live(base, clip.samples, speed=10))
-        )
-        first, streamed_behind = asyncio.run(
-            files_done_before(server, file, lambda base: first_streamed_event(base, streamed))
-        )
-        short, short_behind = asyncio.run(
-            files_done_before(server, file, lambda base: transcribed(base, wav_bytes(clip)))
-        )
+    server = narrow_server
+    live, live_behind = asyncio.run(
+        files_done_before(server, file, lambda base: stream_live(base, clip.samples, speed=10))
+    )
+    first, streamed_behind = asyncio.run(
+        files_done_before(server, file, lambda base: first_streamed_event(base, streamed))
+    )
+    short, short_behind = asyncio.run(
+        files_done_before(server, file, lambda base: transcribed(base, wav_bytes(clip)))
+    )
     assert live["events"][-1]["type"] == "transcription.done", live["events"][-3:]
     assert live["words"], live["events"]
     assert first["type"] == "transcript.text.delta" and first.get("words"), first

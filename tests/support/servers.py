@@ -25,6 +25,22 @@ SERVER_START_TIMEOUT_S = 900
 # running_server writes the server's stdout and stderr to this file in its log_dir.
 SERVER_LOG = "server.log"
 
+# The settings of the default server the server tests share (tests/server/conftest.py): how much audio
+# it takes waiting, how many live streams it holds at once, and how long one at rest (or an upload) may
+# send nothing. Small enough to be reached in a test: two streams of one test, and a third still
+# closing from the test before.
+MAX_AUDIO_S = 120
+MAX_LIVE_STREAMS = 3
+IDLE_S = 10
+SHARED_SERVER_ENV = {
+    "VLLM_WHISPER_ALIGN_MAX_AUDIO_S": str(MAX_AUDIO_S),
+    "VLLM_WHISPER_ALIGN_MAX_LIVE_STREAMS": str(MAX_LIVE_STREAMS),
+    "VLLM_WHISPER_ALIGN_BODY_IDLE_S": str(IDLE_S),
+}
+# The narrow server's engines run this many requests at once: a few windows already make a long
+# recording wait.
+TWO_AT_A_TIME = 2
+
 
 def free_port() -> int:
     with socket.socket() as sock:
