@@ -15,6 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from vllm_whisper_align.audio.denoise import DEFAULT_ON
 from vllm_whisper_align.audio.dereverb import AUTO, DEFAULT_MODE, Mode
 from vllm_whisper_align.constants import MAX_DECODER_TOKENS, N_FRAMES
 from vllm_whisper_align.options import DEFAULT_ALIGNMENT_METHOD, method_named
@@ -193,7 +194,7 @@ class WhisperAlignConfig:
     # A steady noise floor (hiss, hum, a fan) taken out of each window the acoustic model reads, where it
     # is within 13 dB of the speech and no reverberation was taken out (audio.denoise): word edges
     # nearer in noise (docs/boundaries.md#noise-2026-12-07).
-    denoise: bool = True
+    denoise: bool = DEFAULT_ON
     # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
     urgent_head_start_s: float = URGENT_HEAD_START_S
 

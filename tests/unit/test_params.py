@@ -84,6 +84,10 @@ def test_switches_must_be_true_or_false(name):
         WhisperAlignConfig.from_additional_config({"whisper_align": {name: "yes"}})
 
 
+def test_a_heavy_noise_floor_is_taken_out_by_default():
+    assert WhisperAlignConfig.from_additional_config({}).denoise is True
+
+
 @pytest.mark.parametrize("value", ["yes", "Auto", 1, None])
 def test_dereverberate_is_true_false_or_auto(value):
     assert WhisperAlignConfig.from_additional_config({}).dereverberate == "auto"

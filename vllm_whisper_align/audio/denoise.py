@@ -21,6 +21,9 @@ import numpy as np
 
 from vllm_whisper_align.audio.dereverb import HOP, OVERLAP, band_bins, istft, stft
 
+# ``whisper_align.denoise``: where the gate passes a window (True, the default), or never (False).
+DEFAULT_ON = True
+
 # Each frequency's power smoothed over this many frames (64 ms), then its NOISE_PERCENTILE-th percentile
 # over the window, times PERCENTILE_BIAS: the mean of a steady noise (white noise's mean power over that
 # percentile of its smoothed power; tests/unit/test_denoise.py checks it).

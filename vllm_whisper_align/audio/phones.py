@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vllm_whisper_align.audio.denoise import denoised
+from vllm_whisper_align.audio import denoise as noise_floor
 from vllm_whisper_align.audio.dereverb import DEFAULT_MODE, Mode, dereverberated
 from vllm_whisper_align.constants import SAMPLE_RATE
 
@@ -295,7 +295,7 @@ def without_noise(pcm: bytes) -> bytes:
     """``pcm`` (PCM16) with a steady noise floor taken out (:mod:`audio.denoise`) in the band the model
     reads, where it is near enough to the speech to matter; ``pcm`` itself where nothing was."""
     samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
-    out = denoised(samples, MODEL_BAND_HZ, SAMPLE_RATE)
+    out = noise_floor.denoised(samples, MODEL_BAND_HZ, SAMPLE_RATE)
     return pcm if out is samples else pcm16(out).tobytes()
 
 
@@ -398,7 +398,7 @@ class Workers:
 
     def __init__(self, count: int) -> None:
         self.dereverberate: Mode = DEFAULT_MODE  # see configure()
-        self.denoise = True
+        self.denoise = noise_floor.DEFAULT_ON  # see configure()
         self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
         for _ in range(count):
             self._idle.put(Worker())
