@@ -193,7 +193,7 @@ class WhisperAlignConfig:
     dereverberate: Mode = DEFAULT_MODE
     # A steady noise floor (hiss, hum, a fan) taken out of each window the acoustic model reads, where it
     # is within 13 dB of the speech and no reverberation was taken out (audio.denoise): word edges
-    # nearer in noise (docs/boundaries.md#noise-2026-12-07).
+    # nearer in noise (docs/boundaries.md#a-noise-floor-taken-out-2026-12-07).
     denoise: bool = DEFAULT_ON
     # Seconds an urgent request goes ahead of longer files' windows (URGENT_HEAD_START_S).
     urgent_head_start_s: float = URGENT_HEAD_START_S
