@@ -262,11 +262,7 @@ def align_utterance(
             if phones is not None and sphinx.lookup_word(text) is None:
                 sphinx.add_word(text, phones, True)
     words = [text for pieces in spelled for text, _ in pieces or []]
-    cleaned = pcm if dereverberate is False else without_late_reverberation(pcm, dereverberate is True)
-    # One or the other: in a room, the tail read as a noise floor, and the filter took some of the words.
-    if denoise and cleaned is pcm:
-        cleaned = without_noise(pcm)
-    pcm = cleaned
+    pcm = cleaned(pcm, dereverberate, denoise)
     segments = search(sphinx, pcm, words, BEAM) or search(sphinx, pcm, words, 0.0)
     if segments is None:
         return None
@@ -282,20 +278,20 @@ def align_utterance(
     return times
 
 
-def without_late_reverberation(pcm: bytes, always: bool) -> bytes:
-    """``pcm`` (PCM16) with the room's late reverberation taken out (:mod:`audio.dereverb`) in the band
-    the model reads: a word's end otherwise ran on through the room's tail. Unless ``always``, only
-    where the dereverberation's gate finds a tail; ``pcm`` itself where nothing was taken out."""
+def cleaned(pcm: bytes, dereverberate: Mode, denoise: bool) -> bytes:
+    """``pcm`` (PCM16) as the model reads it, in its band: the room's late reverberation taken out
+    (:mod:`audio.dereverb`; a word's end otherwise ran on through the room's tail), where ``dereverberate``
+    says (always, or where its gate finds a tail); else, with ``denoise``, a steady noise floor near
+    enough to the speech to matter (:mod:`audio.denoise`). One or the other: in a room, the tail read as
+    a noise floor, and the noise filter took some of the words. ``pcm`` itself where nothing was."""
+    if dereverberate is False and not denoise:
+        return pcm
     samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
-    out = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE, always)
-    return pcm if out is samples else pcm16(out).tobytes()
-
-
-def without_noise(pcm: bytes) -> bytes:
-    """``pcm`` (PCM16) with a steady noise floor taken out (:mod:`audio.denoise`) in the band the model
-    reads, where it is near enough to the speech to matter; ``pcm`` itself where nothing was."""
-    samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float32) / 32768
-    out = noise_floor.denoised(samples, MODEL_BAND_HZ, SAMPLE_RATE)
+    out = samples
+    if dereverberate is not False:
+        out = dereverberated(samples, MODEL_BAND_HZ, SAMPLE_RATE, always=dereverberate is True)
+    if denoise and out is samples:
+        out = noise_floor.denoised(samples, MODEL_BAND_HZ, SAMPLE_RATE)
     return pcm if out is samples else pcm16(out).tobytes()
 
 
