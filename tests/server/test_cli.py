@@ -128,8 +128,8 @@ def test_missing_file_alone_fails_fast_with_one_line(tmp_path):
 
 def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     """No --dtype: the engine runs the dtype chosen for this CPU (float32 without native bf16), not the
-    model's float16; vLLM's own config line says what it runs. With --verbose, vLLM's log (and ours,
-    from the worker) is on stderr; stdout is still only SRT."""
+    model's float16; vLLM's own config line says what it runs, and the weights converted are said once.
+    With --verbose, vLLM's log (and ours, from the worker) is on stderr; stdout is still only SRT."""
     from vllm_whisper_align.engine.settings import cpu_flags, fast_dtype
 
     folder, paths, clips = audio_files
@@ -168,6 +168,10 @@ def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     assert len(parse_srt(long_srt)) == len(long.words) and "00:00:3" in long_srt
     assert VLLM_INFO_LINE.search(result.stderr) and "Word timestamps: capturing" in result.stderr
     assert not UNCLEAN_EXIT.search(result.stderr), result.stderr[-3000:]
+    # The bundled model is float16: run in bfloat16, vLLM warned once for each of its 115 weights.
+    assert "Attempted to load weight" not in result.stderr
+    if engine_dtypes == {"bfloat16"}:
+        assert re.search(r"\d+ weights of the checkpoint converted from float16 to bfloat16", result.stderr)
 
 
 def test_align_subtitles_retimes_a_drifting_srt(tmp_path):

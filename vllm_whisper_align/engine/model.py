@@ -95,7 +95,15 @@ class WhisperAlignForConditionalGeneration(WhisperForConditionalGeneration):
         )
 
     def load_weights(self, weights):
-        loaded = super().load_weights(weights)
+        with vllm_internals.weight_conversions_counted() as conversions:
+            loaded = super().load_weights(weights)
+        for (stored, running), count in conversions.items():
+            logger.info(
+                "%d weights of the checkpoint converted from %s to %s as they loaded",
+                count,
+                stored.removeprefix("torch."),
+                running.removeprefix("torch."),
+            )
         if self.align_config.encoder_int8:
             swapped = quantize_encoder_linears(self.model.encoder)
             logger.info("Encoder: %d linear layers in int8 (dynamic per-token activations)", swapped)

