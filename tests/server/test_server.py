@@ -32,6 +32,7 @@ from tests.support.servers import (
 from tests.support.silence import state_total_samples, write_silent_flac
 from tests.support.speech import concatenate_clips, end_errors, long_clip, sentence_clips, start_errors
 from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
+from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
 
 SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path
@@ -298,11 +299,7 @@ def test_a_text_that_fills_the_decoder_context_is_aligned_and_one_token_more_is_
     """The decoder holds 448 tokens: the start tokens, the text, eot and the one token vLLM generates.
     A text one token longer is the plugin's own 400, streamed or not (vLLM's own refusal of a full
     context came back as its internal message, and after the stream's 200 as a 500 event)."""
-    from transformers import AutoTokenizer
-
-    from vllm_whisper_align.tokens import WhisperTokens
-
-    tokens = WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), 51864)
+    tokens = whisper_tokens(model_dir)
     clip = sentence_clips()[2]
     room = 448 - len(tokens.transcription_prompt("en")) - 2
     the = tokens.encode(" the")

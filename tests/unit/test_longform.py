@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.align.results import TokenTiming, Transcript
 from vllm_whisper_align.align.words import Word, normalise
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
@@ -208,14 +209,8 @@ def test_matching_thirty_thousand_words():
 
 
 @pytest.fixture(scope="module")
-def tokens():
-    from transformers import AutoTokenizer
-
-    from vllm_whisper_align.checkpoints.bundled import default_model_path
-    from vllm_whisper_align.tokens import WhisperTokens
-
-    tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
-    return WhisperTokens.from_tokenizer(tokenizer, 51864)
+def tokens(model_dir):
+    return whisper_tokens(model_dir)
 
 
 def test_text_words_group_like_the_alignment(tokens):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.align.packing import WordTokens, owners, token_ranges, word_rows
 from vllm_whisper_align.audio import packing
 from vllm_whisper_align.constants import N_SAMPLES, N_SAMPLES_PER_TOKEN, SAMPLE_RATE
@@ -13,7 +14,6 @@ from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
 from vllm_whisper_align.runners import packing as packing_runner
 from vllm_whisper_align.runners.driver import EngineFacts, Generate
 from vllm_whisper_align.runners.packing import ALONE, packed_token_cap, packed_window, packs_of
-from vllm_whisper_align.tokens import WhisperTokens
 
 
 def test_inputs_start_on_encoder_frames_with_a_gap_of_silence_between():
@@ -63,13 +63,6 @@ def test_only_packable_inputs_share_windows_and_never_alone():
     assert packs_of([two, None, two, two, None]) == [[0, 2, 3]]
     assert packs_of([two, None]) == []  # one packable input runs alone
     assert packs_of([14 * SAMPLE_RATE, 2 * SAMPLE_RATE, 14 * SAMPLE_RATE]) == [[0, 1]]
-
-
-def whisper_tokens(model_dir) -> WhisperTokens:
-    from transformers import AutoConfig, AutoTokenizer
-
-    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
-    return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from transformers import AutoConfig, AutoTokenizer
 
 from tests.support.plans import every_window_planned
 from tests.support.speech import synthesize_sentence
+from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.align import results
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.audio import phones
@@ -22,8 +22,7 @@ TEXT = " Hello there."
 
 @pytest.fixture(scope="module")
 def tokens(model_dir):
-    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
-    return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+    return whisper_tokens(model_dir)
 
 
 def noise(num_samples: int) -> np.ndarray:

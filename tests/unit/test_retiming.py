@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.align.words import Word
 from vllm_whisper_align.formats import retiming
@@ -35,12 +36,7 @@ DURATION = 20.0
 
 @pytest.fixture(scope="module")
 def tokens(model_dir):
-    from transformers import AutoConfig, AutoTokenizer
-
-    from vllm_whisper_align.tokens import WhisperTokens
-
-    vocab_size = AutoConfig.from_pretrained(model_dir).vocab_size
-    return WhisperTokens.from_tokenizer(AutoTokenizer.from_pretrained(model_dir), vocab_size)
+    return whisper_tokens(model_dir)
 
 
 def aligned_result(text: str, tokens, unaligned=(), step: float = 1.0, offset: float = 0.5) -> Transcript:
