@@ -891,6 +891,22 @@ def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_te
     assert np.mean(errors <= 0.1) >= 0.8
 
 
+def real_sets_forced(server: str, played) -> tuple[float, float]:
+    """The real sets (main and spontaneous, as benchmarks/noisy_speech.py loads them), each clip as
+    ``played(samples, seed)`` (seeded by its index), forced to their texts through ``server``: the
+    shares of starts and of ends within 50 ms."""
+    from tests.support import real_speech
+
+    clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
+    audio = [played(c.samples, i) for i, c in enumerate(clips)]
+    responses = send_alignments(server, clips, audio)
+    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
+    words = [response.json()["words"] for response in responses]
+    starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
+    ends = np.concatenate([end_errors(c, w) for c, w in zip(clips, words, strict=True)])
+    return float(np.mean(starts <= 0.05)), float(np.mean(ends <= 0.05))
+
+
 def test_words_said_in_a_reverberant_room_are_placed_by_default(server):
     """The real sets (main and spontaneous, as benchmarks/noisy_speech.py loads them) played in a
     simulated room whose tail falls by 60 dB in 1 s (tests/support/rooms.py), forced to their texts
@@ -898,16 +914,7 @@ def test_words_said_in_a_reverberant_room_are_placed_by_default(server):
     (whisper_align.dereverberate "auto"). 2026-12-06: 80.7% of starts and 73.9% of ends within 50 ms
     with every window dereverberated (serve, bfloat16 on AMX); with none (the default before "auto"),
     76.4 and 68.3%."""
-    from tests.support import real_speech
-
-    clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
-    audio = [in_room(c.samples, 1.0, seed=i) for i, c in enumerate(clips)]
-    responses = send_alignments(server, clips, audio)
-    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
-    words = [response.json()["words"] for response in responses]
-    starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
-    ends = np.concatenate([end_errors(c, w) for c, w in zip(clips, words, strict=True)])
-    starts_within, ends_within = np.mean(starts <= 0.05), np.mean(ends <= 0.05)
+    starts_within, ends_within = real_sets_forced(server, lambda samples, seed: in_room(samples, 1.0, seed))
     print(f"\nin a room, serve's defaults: starts {starts_within:.1%}, ends {ends_within:.1%} within 50 ms")
     assert starts_within >= 0.79  # none dereverberated: 76.4% (serve, bfloat16 on AMX)
     assert ends_within >= 0.72  # 68.3%
@@ -920,16 +927,9 @@ def test_words_said_over_a_noise_floor_are_placed_by_default(server):
     (whisper_align.denoise, on by default). Figures in the asserts: serve's defaults (bfloat16 on
     AMX), two runs each, started by hand with and without it; this test's server (float32): 60.9 and
     61.5%."""
-    from tests.support import real_speech
-
-    clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
-    audio = [with_noise(c.samples, "white", 10.0, seed=i) for i, c in enumerate(clips)]
-    responses = send_alignments(server, clips, audio)
-    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
-    words = [response.json()["words"] for response in responses]
-    starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
-    ends = np.concatenate([end_errors(c, w) for c, w in zip(clips, words, strict=True)])
-    starts_within, ends_within = np.mean(starts <= 0.05), np.mean(ends <= 0.05)
+    starts_within, ends_within = real_sets_forced(
+        server, lambda samples, seed: with_noise(samples, "white", 10.0, seed)
+    )
     print(f"\nover noise, serve's defaults: starts {starts_within:.1%}, ends {ends_within:.1%} within 50 ms")
     assert starts_within >= 0.56  # 60.9-61.2%; with denoise false 49.4% (2026-12-07)
     assert ends_within >= 0.55  # 61.5%; with denoise false 46.6%
