@@ -161,6 +161,11 @@ class FallbackOptions:
     no_speech_threshold: float | None = NO_SPEECH_THRESHOLD
     # Candidates sampled at each temperature above 0; the likeliest is kept (runners.decoding.keep_best).
     best_of: int = BEST_OF
+    # Once a window fails its first temperature, every later one decoded together instead of one after
+    # another, the first that passes kept as in order: the same answer in one engine round trip more,
+    # not up to five, for the decodes of the temperatures it would not have reached
+    # (runners.driver.decode_windows).
+    at_once: bool = False
 
     @classmethod
     def starting_at(cls, temperature: float = 0.0, **options: Any) -> FallbackOptions:
@@ -390,6 +395,8 @@ class TranscriptionOptions:
     alignment_method: str = DEFAULT_ALIGNMENT_METHOD
     # SAMPLING_OPTIONS given (vLLM's SamplingParams names: max_completion_tokens becomes max_tokens).
     sampling: Mapping[str, Any] = field(default_factory=dict)
+    # FallbackOptions.at_once: not a request's field; the server sets it for requests a client waits on.
+    temperatures_at_once: bool = False
 
     @classmethod
     def of(cls, **values: Any) -> TranscriptionOptions:
@@ -399,7 +406,7 @@ class TranscriptionOptions:
 
     @classmethod
     def from_checked(cls, checked: Mapping[str, Any]) -> TranscriptionOptions:
-        own = {f.name for f in fields(cls)} - {"sampling"}
+        own = {f.name for f in fields(cls)} - {"sampling", "temperatures_at_once"}
         sampling = {
             ("max_tokens" if name == "max_completion_tokens" else name): value
             for name, value in checked.items()
@@ -419,10 +426,14 @@ class TranscriptionOptions:
             logprob_threshold=self.logprob_threshold,
             no_speech_threshold=self.no_speech_threshold,
             best_of=self.best_of,
+            at_once=self.temperatures_at_once,
         )
 
     def with_method(self, name: str) -> TranscriptionOptions:
         return replace(self, alignment_method=name)
+
+    def with_temperatures_at_once(self) -> TranscriptionOptions:
+        return replace(self, temperatures_at_once=True)
 
 
 @dataclass(frozen=True)

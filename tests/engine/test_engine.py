@@ -12,6 +12,7 @@ from tests.support.plans import every_window_planned
 from vllm_whisper_align.engine.settings import CPU_ENCODER_WINDOWS_PER_STEP
 from vllm_whisper_align.errors import AlignmentInputError
 from vllm_whisper_align.options import FallbackOptions, TranscriptionOptions
+from vllm_whisper_align.runners import driver
 from vllm_whisper_align.runners.decoding import plan_transcription
 
 # The capture's tests decode greedily (no temperature fallback): their subject is where the words
@@ -347,6 +348,67 @@ def test_fallback_resubmits_only_the_failing_windows(aligner, clips, monkeypatch
     likeliest = max(attempts[0], key=lambda attempt: attempt[1])[0]
     assert retried.words and {s.temperature for s in retried.segments} == {likeliest}, retried
     assert kept.words and {s.temperature for s in kept.segments} == {0.0}, kept
+    stats = aligner.capture_stats()
+    assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
+
+
+def test_temperatures_at_once_keep_what_the_schedule_one_at_a_time_keeps(aligner, clips, monkeypatch):
+    """A window that fails its first temperature decodes every later one in one round more
+    (``FallbackOptions.at_once``, the server's choice for short requests): the attempt kept, its text
+    and word times are those of the schedule run a round at a time, whether a later temperature passes
+    or none does, in 2 engine rounds instead of up to 6. A window that passes at once runs one round.
+    The captures of the attempts not kept are freed."""
+    from vllm_whisper_align.options import temperature_schedule
+    from vllm_whisper_align.runners import decoding
+
+    logprobs = []  # avg_logprob of every attempt of clips[0], every temperature failing
+    fall_back = decoding.fall_back
+
+    def recorded(plan, outputs, just_run):
+        logprobs.extend(outputs[i].avg_logprob for i in just_run)
+        return fall_back(plan, outputs, just_run)
+
+    def planned(clip, at_once, **thresholds):
+        plan = plan_transcription(
+            clip.samples, aligner.tokens, language="en", suppress_tokens=aligner.suppress_tokens
+        )
+        plan.fallback = FallbackOptions(at_once=at_once, **thresholds)
+        return plan
+
+    generates = []
+    answer = aligner._answer
+
+    def counted(command, use_tqdm):
+        generates.extend([command] if isinstance(command, driver.Generate) else [])
+        return answer(command, use_tqdm)
+
+    none_pass = {"compression_ratio_threshold": 0.01, "logprob_threshold": None}
+    monkeypatch.setattr(decoding, "fall_back", recorded)
+    aligner.run_plans([planned(clips[0], False, **none_pass)])
+    monkeypatch.setattr(decoding, "fall_back", fall_back)
+    assert len(logprobs) == len(temperature_schedule())
+    # A threshold the first attempt fails and a later one passes.
+    later = sorted(logprobs[1:])
+    assert logprobs[0] < later[-1], logprobs
+    some_pass = {
+        "compression_ratio_threshold": None,
+        "logprob_threshold": (max(logprobs[0], later[0]) + later[-1]) / 2,
+    }
+    monkeypatch.setattr(aligner, "_answer", counted)
+    for thresholds in (none_pass, some_pass):
+        generates.clear()
+        [in_turn] = aligner.run_plans([planned(clips[0], False, **thresholds)])
+        rounds_in_turn = len(generates)
+        generates.clear()
+        [at_once] = aligner.run_plans([planned(clips[0], True, **thresholds)])
+        assert len(generates) == 2 <= rounds_in_turn, thresholds
+        assert thresholds is some_pass or rounds_in_turn == len(temperature_schedule())
+        assert at_once.text == in_turn.text and at_once.text, thresholds
+        assert [s.temperature for s in at_once.segments] == [s.temperature for s in in_turn.segments]
+        assert [w.start for w in at_once.words] == pytest.approx([w.start for w in in_turn.words], abs=0.021)
+    generates.clear()
+    [passing] = aligner.run_plans([planned(clips[1], True)])
+    assert len(generates) == 1 and {s.temperature for s in passing.segments} == {0.0}
     stats = aligner.capture_stats()
     assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats
 

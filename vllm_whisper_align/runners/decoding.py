@@ -376,6 +376,15 @@ def _transcription_window(
     )
 
 
+def later_attempts(window: WindowRequest, fallback: FallbackOptions) -> list[WindowRequest]:
+    """The attempts of ``window`` after its own, each as :func:`fall_back` would make it: the same
+    temperature, seeds and candidates, its own capture keys."""
+    return [
+        _at_temperature(window, attempt, fallback.temperatures[attempt], fallback.best_of)
+        for attempt in range(window.attempt + 1, len(fallback.temperatures))
+    ]
+
+
 def _at_temperature(window: WindowRequest, attempt: int, temperature: float, best_of: int) -> WindowRequest:
     """``window`` as attempt ``attempt``, with fresh capture keys (the workers keep each attempt's
     capture apart, so a superseded one can be discarded while its successor runs), and above

@@ -126,11 +126,16 @@ def decode_windows(
     plan: decoding.Plan, outputs: list, pending: list[int], tokens: WhisperTokens
 ) -> Generator[Command, Any, None]:
     """The windows ``pending`` names decoded, those that fall back to the next temperature again,
-    together, until each has its output in ``outputs``; superseded captures discarded."""
+    together, until each has its output in ``outputs``; superseded captures discarded. Where the plan's
+    fallback runs its temperatures at once, those that fail their first run all the later ones in one
+    round more (:func:`_later_temperatures_at_once`)."""
     while pending:
         yield from _generate_windows(plan, outputs, pending, tokens)
         pending, superseded = decoding.fall_back(plan, outputs, pending)
         yield from _discard(superseded)
+        if pending and plan.fallback.at_once:
+            yield from _later_temperatures_at_once(plan, outputs, pending, tokens)
+            return
 
 
 def _generate_windows(
@@ -138,17 +143,54 @@ def _generate_windows(
 ) -> Generator[Command, Any, None]:
     """Runs the windows ``pending`` names (every candidate of each) and stores, in ``plan`` and
     ``outputs``, the candidate kept of each and its output."""
-    windows = [plan.windows[i] for i in pending]
-    runs = [candidate for window in windows for candidate in window.candidates()]
-    names = [
-        f"{i}-{plan.windows[i].attempt}-{j}"
-        for i in pending
-        for j in range(len(plan.windows[i].candidates()))
+    names = [f"{i}-{plan.windows[i].attempt}" for i in pending]
+    kept = yield from _run_attempts([plan.windows[i] for i in pending], names, tokens)
+    for index, (window, output) in zip(pending, kept, strict=True):
+        plan.windows[index], outputs[index] = window, output
+
+
+def _later_temperatures_at_once(
+    plan: decoding.Plan, outputs: list, pending: list[int], tokens: WhisperTokens
+) -> Generator[Command, Any, None]:
+    """Each window ``pending`` names (its next attempt planned, not run) with every attempt after it,
+    all in one round, then read in order as :func:`decoding.fall_back` reads them a round at a time: the
+    first that passes is kept (where all fail, the likeliest), and the captures of the attempts it
+    would not have reached are discarded."""
+    attempts = {
+        i: [plan.windows[i], *decoding.later_attempts(plan.windows[i], plan.fallback)] for i in pending
+    }
+    flat = [(i, attempt) for i in pending for attempt in attempts[i]]
+    answers = iter(
+        (yield from _run_attempts([a for _, a in flat], [f"{i}-{a.attempt}" for i, a in flat], tokens))
+    )
+    for index in pending:
+        ran = [next(answers) for _ in attempts[index]]
+        for position, (window, output) in enumerate(ran):
+            plan.windows[index], outputs[index] = window, output
+            retried, superseded = decoding.fall_back(plan, outputs, [index])
+            yield from _discard(superseded)
+            if not retried:
+                yield from _discard(
+                    [key for unread, _ in ran[position + 1 :] for key in unread.capture_keys()]
+                )
+                break
+
+
+def _run_attempts(
+    attempts: Sequence[decoding.WindowRequest], names: Sequence[str], tokens: WhisperTokens
+) -> Generator[Command, Any, list[tuple[decoding.WindowRequest, decoding.WindowOutput]]]:
+    """Every candidate of ``attempts`` in one round: the candidate kept of each attempt and its output
+    (the others' captures discarded)."""
+    runs = [candidate for attempt in attempts for candidate in attempt.candidates()]
+    run_names = [
+        f"{name}-{j}"
+        for attempt, name in zip(attempts, names, strict=True)
+        for j in range(len(attempt.candidates()))
     ]
     finals = yield Generate(
         [
             EngineRequest(r.engine_prompt(), r.sampling_params, name, r.capture_keys())
-            for r, name in zip(runs, names, strict=True)
+            for r, name in zip(runs, run_names, strict=True)
         ]
     )
     keys = decoding.no_speech_keys(runs)
@@ -161,10 +203,9 @@ def _generate_windows(
         decoding.window_output(run, final, tokens, prob)
         for run, final, prob in zip(runs, finals, probs, strict=True)
     ]
-    kept, kept_outputs, dropped = decoding.keep_best(windows, run_outputs)
-    for index, window, output in zip(pending, kept, kept_outputs, strict=True):
-        plan.windows[index], outputs[index] = window, output
+    kept, kept_outputs, dropped = decoding.keep_best(attempts, run_outputs)
     yield from _discard(dropped)
+    return list(zip(kept, kept_outputs, strict=True))
 
 
 def _discard(keys: list[str]) -> Generator[Command, Any, None]:

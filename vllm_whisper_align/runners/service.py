@@ -104,7 +104,19 @@ def is_urgent(samples: np.ndarray | SpilledSamples) -> bool:
 
 
 class AlignmentService:
-    def __init__(self, engine_client: Any, tokenizer: Any, max_audio_s: float = math.inf):
+    """``temperatures_at_once``: a transcription of one window or less (a client waits on it) that fails
+    its first temperature decodes every later one together (``FallbackOptions.at_once``): the server's
+    choice, where a request that falls back through the whole schedule waited for six rounds one after
+    another, each beside everyone else's work; not the corpus job's, where the decodes it may waste
+    are throughput."""
+
+    def __init__(
+        self,
+        engine_client: Any,
+        tokenizer: Any,
+        max_audio_s: float = math.inf,
+        temperatures_at_once: bool = False,
+    ):
         model_config = engine_client.model_config
         self.engine_client = engine_client
         self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
@@ -118,6 +130,7 @@ class AlignmentService:
         )
         # A safety net: the server decodes with this bound, which refuses longer audio first.
         self.max_audio_s = max_audio_s
+        self.temperatures_at_once = temperatures_at_once
         self.windows_in_flight = windows_in_flight(engine_client.vllm_config)
         # The requests' Compute work (finishing windows), a thread to each waiting request in turn.
         self.compute = FairThreads()
@@ -135,11 +148,13 @@ class AlignmentService:
         )
 
     @classmethod
-    async def create(cls, engine_client: Any, max_audio_s: float = math.inf) -> AlignmentService:
+    async def create(
+        cls, engine_client: Any, max_audio_s: float = math.inf, temperatures_at_once: bool = False
+    ) -> AlignmentService:
         tokenizer = engine_client.get_tokenizer()
         if asyncio.iscoroutine(tokenizer):
             tokenizer = await tokenizer
-        service = cls(engine_client, tokenizer, max_audio_s)
+        service = cls(engine_client, tokenizer, max_audio_s, temperatures_at_once)
         service._when_idle_return_memory()  # what start-up freed
         return service
 
@@ -187,6 +202,8 @@ class AlignmentService:
     ) -> Transcript:
         self.check_duration(samples)
         options = options or TranscriptionOptions()
+        if self.temperatures_at_once and is_urgent(samples):
+            options = options.with_temperatures_at_once()
         if self.packing and await asyncio.to_thread(
             packing.packable,
             samples,

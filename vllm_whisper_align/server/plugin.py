@@ -69,6 +69,8 @@ class WhisperAlignEndpoints:
             return
         names = getattr(args, "served_model_name", None) or [args.model]
         limits = ServerLimits.from_env()
-        service = await AlignmentService.create(engine_client, max_audio_s=limits.max_audio_s)
+        service = await AlignmentService.create(
+            engine_client, max_audio_s=limits.max_audio_s, temperatures_at_once=True
+        )
         live = LiveStreams(service, limits.max_live_streams, max_waiting_s=limits.max_audio_s)
         state.whisper_align = ServerState(service, list(names), limits, Decoders(), live)
