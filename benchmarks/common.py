@@ -50,7 +50,8 @@ def load_wav(path: str | os.PathLike) -> np.ndarray:
 
 
 def load_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """[{"id", "path", "duration"}] in the order the run should use."""
+    """[{"id", "path", "duration"}, optionally "language" (English where absent)] in the order the run
+    should use."""
     return json.loads(Path(path).read_text())
 
 

@@ -48,11 +48,13 @@ def main() -> None:
     audio = {item["id"]: load_wav(item["path"]) for item in items}
     audio_s = round(sum(i["duration"] for i in items), 3)
 
+    languages = {item["id"]: item.get("language", "en") for item in items}
+
     def transcribe(model, clip_id):
         start = time.perf_counter()
         segments, _info = model.transcribe(
             audio[clip_id],
-            language="en",
+            language=languages[clip_id],
             word_timestamps=True,
             beam_size=1,
             vad_filter=False,

@@ -28,15 +28,14 @@ def aligner(model):
     from whisper.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, log_mel_spectrogram
     from whisper.timing import find_alignment, merge_punctuations
 
-    tokenizer = whisper.tokenizer.get_tokenizer(
-        model.is_multilingual, num_languages=model.num_languages, language="en", task="transcribe"
-    )
-
-    def align(samples, text):
+    def align(samples, text, language="en"):
         if len(samples) > N_SAMPLES:
             raise ValueError("find_alignment takes one 30 s window")
         # As transcribe does: the mel of the whole clip padded by 30 s, then its first window.
         mel = log_mel_spectrogram(samples, model.dims.n_mels, padding=N_SAMPLES)[:, :N_FRAMES]
+        tokenizer = whisper.tokenizer.get_tokenizer(
+            model.is_multilingual, num_languages=model.num_languages, language=language, task="transcribe"
+        )
         tokens = tokenizer.encode(" " + text.strip())
         timings = find_alignment(model, tokenizer, tokens, mel, len(samples) // HOP_LENGTH)
         merge_punctuations(timings, "\"'“¿([{-", "\"'.。,，!！?？:：”)]}、")
@@ -54,10 +53,12 @@ def main() -> None:
     model = openai_checkpoint.load(args.model, args.hf_dir)
     manifest = json.loads(Path(args.manifest).read_text())
     align = aligner(model)
-    align(load_wav(manifest["warm_up"]["path"]), manifest["warm_up"]["text"])
+    warm_up = manifest["warm_up"]
+    align(load_wav(warm_up["path"]), warm_up["text"], warm_up.get("language", "en"))
     files, t0 = {}, time.perf_counter()
     for item in manifest["recordings"]:
-        files[item["id"]] = {"text": item["text"], "words": align(load_wav(item["path"]), item["text"])}
+        words = align(load_wav(item["path"]), item["text"], item.get("language", "en"))
+        files[item["id"]] = {"text": item["text"], "words": words}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")
     write_output(

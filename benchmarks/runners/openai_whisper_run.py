@@ -43,12 +43,12 @@ def main() -> None:
     items = load_manifest(args.manifest)
     audio = {item["id"]: load_wav(item["path"]) for item in items}
 
-    def transcribe(samples):
+    def transcribe(samples, language="en"):
         return whisper.transcribe(
             model,
             samples,
             word_timestamps=True,
-            language="en",
+            language=language,
             temperature=0.0,
             condition_on_previous_text=False,
             fp16=False,
@@ -60,7 +60,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for item in items:
         start = time.perf_counter()
-        result = transcribe(audio[item["id"]])
+        result = transcribe(audio[item["id"]], item.get("language", "en"))
         latencies.append(time.perf_counter() - start)
         words = [w for seg in result["segments"] for w in seg.get("words", [])]
         files[item["id"]] = {

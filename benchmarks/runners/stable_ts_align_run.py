@@ -1,5 +1,6 @@
-"""stable-ts (the peer for long-form forced alignment): ``model.align(audio, text, language="en")`` over the
-openai-whisper backend, fp32 on CPU, one recording at a time, its own defaults otherwise. Runs in
+"""stable-ts (the peer for long-form forced alignment): ``model.align(audio, text, language=...)`` over the
+openai-whisper backend, fp32 on CPU, one recording at a time (in its manifest
+entry's language, English where none is given), its own defaults otherwise. Runs in
 benchmarks/.venvs/stable-ts.
 
     python runners/stable_ts_align_run.py --manifest ALIGN_MANIFEST --model CKPT.pt --hf-dir HF --out OUT.json
@@ -66,15 +67,16 @@ def main() -> None:
     stable_whisper.modify_model(model)
     manifest = json.loads(Path(args.manifest).read_text())
 
-    def align(samples, text):
-        return model.align(samples, text, language="en", verbose=None)
+    def align(samples, text, language="en"):
+        return model.align(samples, text, language=language, verbose=None)
 
-    align(load_wav(manifest["warm_up"]["path"]), manifest["warm_up"]["text"])
+    warm_up = manifest["warm_up"]
+    align(load_wav(warm_up["path"]), warm_up["text"], warm_up.get("language", "en"))
     runs = []
     for item in manifest["recordings"]:
         samples = load_wav(item["path"])
         t0 = time.perf_counter()
-        result = align(samples, item["text"])
+        result = align(samples, item["text"], item.get("language", "en"))
         t1 = time.perf_counter()
         runs.append(
             run_record(

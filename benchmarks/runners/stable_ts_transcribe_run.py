@@ -1,4 +1,5 @@
-"""stable-ts transcription: `model.transcribe(audio, language="en")` over the openai-whisper backend (its
+"""stable-ts transcription: `model.transcribe(audio, language=...)` (the manifest
+entry's language, English where none is given) over the openai-whisper backend (its
 word timestamps, then its own silence suppression and regrouping: its defaults), greedy, fp32 on CPU, one
 clip at a time. Runs in benchmarks/.venvs/stable-ts.
 
@@ -33,11 +34,11 @@ def main() -> None:
     stable_whisper.modify_model(model)
     items = load_manifest(args.manifest)
 
-    def transcribe(samples):
+    def transcribe(samples, language="en"):
         # The options openai_whisper_run.py gives whisper.transcribe; stable-ts's own defaults otherwise.
         return model.transcribe(
             samples,
-            language="en",
+            language=language,
             temperature=0.0,
             condition_on_previous_text=False,
             fp16=False,
@@ -47,7 +48,7 @@ def main() -> None:
     transcribe(load_wav(min(items, key=lambda i: i["duration"])["path"]))  # warm-up
     files, t0 = {}, time.perf_counter()
     for item in items:
-        result = transcribe(load_wav(item["path"]))
+        result = transcribe(load_wav(item["path"]), item.get("language", "en"))
         files[item["id"]] = {"text": result.text, "words": word_dicts(result.all_words())}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")

@@ -151,6 +151,7 @@ class Clip:
     truth_source: str  # "pocketsphinx", "hand", "sppas", "hmm", "aligner?"
     trust: str
     levels: dict  # of the original file: rate, channels, format, peak, clipping, noise floor
+    language: str = "en"  # what the words are in (every recording here is English)
 
     @property
     def duration(self) -> float:
@@ -693,14 +694,21 @@ def export(clips: list[Clip], out_dir: Path) -> dict:
             "trust": clip.trust,
             "kind_basis": clip.kind_basis,
             "levels": clip.levels,
+            "language": clip.language,
         }
     (out_dir / "truth.json").write_text(json.dumps(truth, indent=1, ensure_ascii=False))
-    manifest = [{"id": i, "path": t["path"], "duration": t["duration"]} for i, t in truth.items()]
+    manifest = [
+        {"id": i, **{key: t[key] for key in ("path", "duration", "language")}} for i, t in truth.items()
+    ]
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
     shortest = min(manifest, key=lambda item: item["duration"])
     align = {
         "recordings": [{**item, "text": truth[item["id"]]["text"]} for item in manifest],
-        "warm_up": {"path": shortest["path"], "text": truth[shortest["id"]]["text"]},
+        "warm_up": {
+            "path": shortest["path"],
+            "language": shortest["language"],
+            "text": truth[shortest["id"]]["text"],
+        },
     }
     (out_dir / "align_manifest.json").write_text(json.dumps(align, indent=1, ensure_ascii=False))
     return truth
