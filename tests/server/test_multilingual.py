@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from tests.support import languages
 from tests.support.speech import sentence_clips, start_errors, synthesize_words, word_errors, write_wav
 
 
@@ -135,3 +136,36 @@ def test_base_places_real_speech_starts(base_server, real_clips):
     starts = np.concatenate([start_errors(c, r["words"]) for c, r in zip(real_clips, results, strict=True)])
     assert np.isfinite(starts).all()
     assert np.mean(starts <= 0.05) >= 0.63
+
+
+def test_base_places_german_words_by_its_heads(base_server):
+    """German has no acoustic model here: its words keep the selected heads' times and the boundary
+    rules'. Forced through the server, the German sentences of tests/support/languages.py (continuous
+    espeak-ng speech, exact starts): 82.6% of starts within 50 ms offline with the default, 62.3% with
+    the tuned heads alone (`fixed`); the default must keep most of that lead (benchmarks/RESULTS.md, word
+    starts in other languages)."""
+    german = languages.spoken("de")
+
+    async def align(http: httpx.AsyncClient, clip, method: str) -> dict:
+        response = await http.post(
+            f"{base_server}/v1/audio/alignments",
+            files={"file": ("c.wav", wav(clip), "audio/wav")},
+            data={"text": clip.text, "language": "de", "alignment_method": method, "response_format": "json"},
+        )
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    async def align_all(method: str) -> list[dict]:
+        async with httpx.AsyncClient(timeout=600) as http:
+            return await asyncio.gather(*(align(http, clip, method) for clip in german))
+
+    def within_50ms(method: str) -> float:
+        results = asyncio.run(align_all(method))
+        errors = np.concatenate([start_errors(c, r["words"]) for c, r in zip(german, results, strict=True)])
+        known = errors[~np.isnan(errors)]  # a start espeak-ng gave no event for is not judged
+        assert np.isfinite(known).all()  # every given word comes back
+        return float(np.mean(known <= 0.05))
+
+    default, fixed = within_50ms("auto"), within_50ms("fixed")
+    assert default >= 0.75, (default, fixed)
+    assert default >= fixed + 0.1, (default, fixed)
