@@ -28,13 +28,14 @@ from vllm import SamplingParams
 
 from vllm_whisper_align.align.results import InOrder, TimedWindow, Transcript, finish, time_windows
 from vllm_whisper_align.align.words import Word
+from vllm_whisper_align.audio import phones
 from vllm_whisper_align.audio.decode import SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk, audible_windows
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
 from vllm_whisper_align.errors import InputError, NoCaptureError
 from vllm_whisper_align.longform.steps import Force, Hear, Job, advance, alignment_steps
 from vllm_whisper_align.options import AlignmentOptions, TranscriptionOptions
-from vllm_whisper_align.protocol import NO_CAPTURE_MESSAGE, AlignmentRequest
+from vllm_whisper_align.protocol import NO_CAPTURE_MESSAGE, AlignmentRequest, WhisperAlignConfig
 from vllm_whisper_align.runners import decoding
 from vllm_whisper_align.tokens import WhisperTokens
 
@@ -102,6 +103,23 @@ class EngineFacts:
     suppress_tokens: tuple[int, ...] = ()
     # Multilingual models only (decoding.LanguageDetection).
     language_detection: decoding.LanguageDetection | None = None
+
+    @classmethod
+    def of_engine(cls, model_config: Any, tokenizer: Any) -> EngineFacts:
+        """The facts of an engine serving ``model_config`` (vLLM's ModelConfig) with ``tokenizer``."""
+        tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
+        detection = (
+            decoding.LanguageDetection.for_model(model_config, tokenizer) if tokens.is_multilingual else None
+        )
+        return cls(tokens, tuple(decoding.suppressed_tokens(model_config)), detection)
+
+
+def plugin_options(additional_config: Any) -> WhisperAlignConfig:
+    """The plugin's options of an engine (``--additional-config``'s ``whisper_align``), with this
+    process's phone aligner set by them (one setting a process: ``audio.phones.configure``)."""
+    config = WhisperAlignConfig.from_additional_config(additional_config)
+    phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
+    return config
 
 
 # ---------------------------------------------------------------------------- one plan

@@ -20,7 +20,6 @@ import numba
 import numpy as np
 
 from vllm_whisper_align.align.results import Transcript
-from vllm_whisper_align.audio import phones
 from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints.bundled import resolve_model
 from vllm_whisper_align.engine import vllm_internals
@@ -38,7 +37,6 @@ from vllm_whisper_align.protocol import (
 )
 from vllm_whisper_align.runners import decoding, driver
 from vllm_whisper_align.runners.packing import alignments, transcriptions
-from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 
@@ -84,17 +82,11 @@ class WhisperAligner:
         self.llm = LLM(**args)
         model_config = self.llm.llm_engine.model_config
         tokenizer = self.llm.get_tokenizer()
-        self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
-        self.suppress_tokens = decoding.suppressed_tokens(model_config)
-        detection = (
-            decoding.LanguageDetection.for_model(model_config, tokenizer)
-            if self.tokens.is_multilingual
-            else None
-        )
-        self.facts = driver.EngineFacts(self.tokens, tuple(self.suppress_tokens), detection)
-        config = WhisperAlignConfig.from_additional_config(args.get("additional_config"))
+        self.facts = driver.EngineFacts.of_engine(model_config, tokenizer)
+        self.tokens = self.facts.tokens
+        self.suppress_tokens = list(self.facts.suppress_tokens)
+        config = driver.plugin_options(args.get("additional_config"))
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
-        phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
 
     def close(self) -> None:
         """Stop the engine's processes and wait for them; a second call does nothing."""

@@ -26,7 +26,6 @@ import numpy as np
 
 from vllm_whisper_align import memory
 from vllm_whisper_align.align.results import Transcript, WindowResult
-from vllm_whisper_align.audio import phones
 from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
@@ -40,11 +39,9 @@ from vllm_whisper_align.protocol import (
     RPC_NO_SPEECH,
     RPC_RETURN_IDLE_MEMORY,
     RPC_STATS,
-    WhisperAlignConfig,
 )
 from vllm_whisper_align.runners import decoding, driver, packing
 from vllm_whisper_align.runners.fair_threads import FairThreads
-from vllm_whisper_align.tokens import WhisperTokens
 
 logger = get_logger(__name__)
 
@@ -117,17 +114,9 @@ class AlignmentService:
         max_audio_s: float = math.inf,
         temperatures_at_once: bool = False,
     ):
-        model_config = engine_client.model_config
         self.engine_client = engine_client
-        self.tokens = WhisperTokens.from_tokenizer(tokenizer, model_config.hf_config.vocab_size)
-        detection = (
-            decoding.LanguageDetection.for_model(model_config, tokenizer)
-            if self.tokens.is_multilingual
-            else None
-        )
-        self.facts = driver.EngineFacts(
-            self.tokens, tuple(decoding.suppressed_tokens(model_config)), detection
-        )
+        self.facts = driver.EngineFacts.of_engine(engine_client.model_config, tokenizer)
+        self.tokens = self.facts.tokens
         # A safety net: the server decodes with this bound, which refuses longer audio first.
         self.max_audio_s = max_audio_s
         self.temperatures_at_once = temperatures_at_once
@@ -137,9 +126,8 @@ class AlignmentService:
         self._requests_in_flight = 0
         self._requests_started = 0
         self._idle_tasks: set[asyncio.Task] = set()
-        config = WhisperAlignConfig.from_additional_config(engine_client.vllm_config.additional_config)
+        config = driver.plugin_options(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
-        phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
         self.urgent_head_start_s = config.urgent_head_start_s
         self.packer = packing.PackQueue(
             functools.partial(self.run, urgent=True),  # short inputs only
