@@ -259,14 +259,14 @@ def runs_of(aligner, dtype: str, model: str, clips: list[Input], methods: list[s
     from common import run_record, word_dicts
 
     runs = []
-    languages = list(dict.fromkeys(clip.language for clip in clips))
+    spoken_in = list(dict.fromkeys(clip.language for clip in clips))
     with aligner:
         aligner.transcribe([clips[0].samples], word_timestamps=True, language=clips[0].language)  # warm-up
         for method in methods:
             for mode in ("align",) if method == "characters" else ("transcribe", "align"):
                 t0 = time.perf_counter()
                 results = {}
-                for language in languages:
+                for language in spoken_in:
                     chosen = [clip for clip in clips if clip.language == language]
                     samples = [clip.samples for clip in chosen]
                     if mode == "transcribe":
