@@ -50,9 +50,15 @@ def load_wav(path: str | os.PathLike) -> np.ndarray:
 
 
 def load_manifest(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """[{"id", "path", "duration"}, optionally "language" (English where absent)] in the order the run
+    """[{"id", "path", "duration"}, optionally "language" (:func:`language_of`)] in the order the run
     should use."""
     return json.loads(Path(path).read_text())
+
+
+def language_of(entry: dict[str, Any]) -> str:
+    """A manifest entry's language (its clip's, its warm-up's): English where it names none, as every
+    manifest but the languages set's."""
+    return entry.get("language", "en")
 
 
 def shortest(items: list[dict[str, Any]]) -> str:

@@ -227,13 +227,13 @@ def run_system(system: str, timeout_s: float, methods: str, dtypes: str) -> bool
 def run_ours(model: str, out: Path, methods: list[str], dtypes: list[str]) -> None:
     """This project on the set: an engine per dtype of ``dtypes``, transcribe and align with each of
     ``methods`` (``characters`` aligns only: it forces the text it is given)."""
-    from common import load_wav, write_output
+    from common import language_of, load_wav, write_output
 
     from vllm_whisper_align import WhisperAligner
     from vllm_whisper_align.checkpoints.bundled import base_model_path, default_model_path
 
     truth = json.loads((AUDIO / "truth.json").read_text())
-    clips = [Input(i, load_wav(t["path"]), t["text"], t.get("language", "en")) for i, t in truth.items()]
+    clips = [Input(i, load_wav(t["path"]), t["text"], language_of(t)) for i, t in truth.items()]
     path = base_model_path() if model == "base" else default_model_path()
     runs = []
     for dtype in dtypes:

@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import (  # noqa: E402
     RssSampler,
+    language_of,
     load_manifest,
     load_wav,
     log,
@@ -48,7 +49,7 @@ def main() -> None:
     audio = {item["id"]: load_wav(item["path"]) for item in items}
     audio_s = round(sum(i["duration"] for i in items), 3)
 
-    languages = {item["id"]: item.get("language", "en") for item in items}
+    languages = {item["id"]: language_of(item) for item in items}
 
     def transcribe(model, clip_id):
         start = time.perf_counter()

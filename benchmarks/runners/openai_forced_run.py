@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai_checkpoint  # noqa: E402
-from common import load_wav, log, run_record, runner_parser, word_dicts, write_output  # noqa: E402
+from common import language_of, load_wav, log, run_record, runner_parser, word_dicts, write_output  # noqa: E402
 
 SYSTEM = "openai-whisper-forced"
 
@@ -54,10 +54,10 @@ def main() -> None:
     manifest = json.loads(Path(args.manifest).read_text())
     align = aligner(model)
     warm_up = manifest["warm_up"]
-    align(load_wav(warm_up["path"]), warm_up["text"], warm_up.get("language", "en"))
+    align(load_wav(warm_up["path"]), warm_up["text"], language_of(warm_up))
     files, t0 = {}, time.perf_counter()
     for item in manifest["recordings"]:
-        words = align(load_wav(item["path"]), item["text"], item.get("language", "en"))
+        words = align(load_wav(item["path"]), item["text"], language_of(item))
         files[item["id"]] = {"text": item["text"], "words": words}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai_checkpoint  # noqa: E402
 from common import (  # noqa: E402
     RssSampler,
+    language_of,
     load_manifest,
     load_wav,
     log,
@@ -60,7 +61,7 @@ def main() -> None:
     t0 = time.perf_counter()
     for item in items:
         start = time.perf_counter()
-        result = transcribe(audio[item["id"]], item.get("language", "en"))
+        result = transcribe(audio[item["id"]], language_of(item))
         latencies.append(time.perf_counter() - start)
         words = [w for seg in result["segments"] for w in seg.get("words", [])]
         files[item["id"]] = {

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import openai_checkpoint  # noqa: E402
 from common import (  # noqa: E402
     RssSampler,
+    language_of,
     load_wav,
     log,
     run_record,
@@ -71,12 +72,12 @@ def main() -> None:
         return model.align(samples, text, language=language, verbose=None)
 
     warm_up = manifest["warm_up"]
-    align(load_wav(warm_up["path"]), warm_up["text"], warm_up.get("language", "en"))
+    align(load_wav(warm_up["path"]), warm_up["text"], language_of(warm_up))
     runs = []
     for item in manifest["recordings"]:
         samples = load_wav(item["path"])
         t0 = time.perf_counter()
-        result = align(samples, item["text"], item.get("language", "en"))
+        result = align(samples, item["text"], language_of(item))
         t1 = time.perf_counter()
         runs.append(
             run_record(

@@ -15,7 +15,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import openai_checkpoint  # noqa: E402
-from common import load_manifest, load_wav, log, run_record, runner_parser, word_dicts, write_output  # noqa: E402
+from common import (
+    language_of,
+    load_manifest,
+    load_wav,
+    log,
+    run_record,
+    runner_parser,
+    word_dicts,
+    write_output,
+)  # noqa: E402
 from stable_ts_align_run import stand_in_torchaudio  # noqa: E402
 
 SYSTEM = "stable-ts-transcribe"
@@ -48,7 +57,7 @@ def main() -> None:
     transcribe(load_wav(min(items, key=lambda i: i["duration"])["path"]))  # warm-up
     files, t0 = {}, time.perf_counter()
     for item in items:
-        result = transcribe(load_wav(item["path"]), item.get("language", "en"))
+        result = transcribe(load_wav(item["path"]), language_of(item))
         files[item["id"]] = {"text": result.text, "words": word_dicts(result.all_words())}
     wall = time.perf_counter() - t0
     log(f"{SYSTEM}: {len(files)} clips in {wall:.1f} s")
