@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import io
 
-import httpx
 import numpy as np
 import openai
 import pytest
 
 from tests.support import languages
-from tests.support.speech import sentence_clips, start_errors, synthesize_words, word_errors, write_wav
+from tests.support.servers import send_alignments, wav_bytes
+from tests.support.speech import sentence_clips, start_errors, synthesize_words, word_errors
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +27,19 @@ def base_client(base_server):
     return openai.OpenAI(base_url=f"{base_server}/v1", api_key="unused", timeout=600)
 
 
-def wav(clip) -> bytes:
-    buffer = io.BytesIO()
-    write_wav(buffer, clip.samples)
-    return buffer.getvalue()
+def forced_at_once(server: str, clips: list, **fields: str) -> list[dict]:
+    """Each clip forced to its own text through ``server``, all at once, with the form's ``fields``: the
+    answers' bodies."""
+    responses = send_alignments(server, clips, **fields)
+    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
+    return [response.json() for response in responses]
 
 
 def test_detects_language_and_gives_words(base_client):
     clip = sentence_clips()[1]
     result = base_client.audio.transcriptions.create(
         model="whisper-base",
-        file=("c.wav", wav(clip)),
+        file=("c.wav", wav_bytes(clip)),
         response_format="verbose_json",
         timestamp_granularities=["word"],
     )
@@ -53,19 +54,19 @@ def test_explicit_language_and_translation(base_client):
     clip = sentence_clips()[5]
     given = base_client.audio.transcriptions.create(
         model="whisper-base",
-        file=("c.wav", wav(clip)),
+        file=("c.wav", wav_bytes(clip)),
         language="en",
         response_format="verbose_json",
         timestamp_granularities=["word"],
     )
     assert given.words and given.language == "en"
     translated = base_client.audio.translations.create(
-        model="whisper-base", file=("c.wav", wav(clip)), response_format="verbose_json"
+        model="whisper-base", file=("c.wav", wav_bytes(clip)), response_format="verbose_json"
     )
     assert translated.text.strip()
     with pytest.raises(openai.BadRequestError):
         base_client.audio.transcriptions.create(
-            model="whisper-base", file=("c.wav", wav(clip)), language="xx"
+            model="whisper-base", file=("c.wav", wav_bytes(clip)), language="xx"
         )
 
 
@@ -84,7 +85,7 @@ def test_requests_in_two_languages_at_once_keep_their_languages(base_client):
                 *(
                     client.audio.transcriptions.create(
                         model="whisper-base",
-                        file=("c.wav", wav(clip)),
+                        file=("c.wav", wav_bytes(clip)),
                         language=language,
                         response_format="verbose_json",
                         timestamp_granularities=["word"],
@@ -118,21 +119,7 @@ def test_base_places_real_speech_starts(base_server, real_clips):
     """A window of base reads as many heads as base has tuned ones (8 of its 24-head pool), not half the
     pool: forced alignment of the real recordings placed 64.5% of starts within 50 ms with 8, 60.9% with
     12 (docs/boundaries.md#how-many-heads-base-2026-12-05; 2 words of margin here)."""
-
-    async def align(http: httpx.AsyncClient, clip) -> dict:
-        response = await http.post(
-            f"{base_server}/v1/audio/alignments",
-            files={"file": ("c.wav", wav(clip), "audio/wav")},
-            data={"text": clip.text, "language": "en", "response_format": "verbose_json"},
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    async def align_all() -> list[dict]:
-        async with httpx.AsyncClient(timeout=600) as http:
-            return await asyncio.gather(*(align(http, clip) for clip in real_clips))
-
-    results = asyncio.run(align_all())
+    results = forced_at_once(base_server, real_clips, language="en", response_format="verbose_json")
     starts = np.concatenate([start_errors(c, r["words"]) for c, r in zip(real_clips, results, strict=True)])
     assert np.isfinite(starts).all()
     assert np.mean(starts <= 0.05) >= 0.63
@@ -146,21 +133,10 @@ def test_base_places_german_words_by_its_heads(base_server):
     starts in other languages)."""
     german = languages.spoken("de")
 
-    async def align(http: httpx.AsyncClient, clip, method: str) -> dict:
-        response = await http.post(
-            f"{base_server}/v1/audio/alignments",
-            files={"file": ("c.wav", wav(clip), "audio/wav")},
-            data={"text": clip.text, "language": "de", "alignment_method": method, "response_format": "json"},
-        )
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    async def align_all(method: str) -> list[dict]:
-        async with httpx.AsyncClient(timeout=600) as http:
-            return await asyncio.gather(*(align(http, clip, method) for clip in german))
-
     def within_50ms(method: str) -> float:
-        results = asyncio.run(align_all(method))
+        results = forced_at_once(
+            base_server, german, language="de", alignment_method=method, response_format="json"
+        )
         errors = np.concatenate([start_errors(c, r["words"]) for c, r in zip(german, results, strict=True)])
         known = errors[~np.isnan(errors)]  # a start espeak-ng gave no event for is not judged
         assert np.isfinite(known).all()  # every given word comes back

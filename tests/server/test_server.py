@@ -25,6 +25,7 @@ from tests.support.servers import (
     distinct_clips,
     engine_counts,
     is_guess,
+    send_alignments,
     transcribe_raw,
     wav_bytes,
     whisper_align_args,
@@ -841,31 +842,9 @@ def packing_server(model_dir, tmp_path_factory):
         yield base
 
 
-def send_alignments(server: str, clips, audio=None) -> list[httpx.Response]:
-    """Every clip's forced alignment with its text (of ``audio``'s samples where given), all sent at
-    once."""
-
-    async def send_all():
-        async with httpx.AsyncClient(timeout=600) as http:
-            return await asyncio.gather(
-                *(
-                    http.post(
-                        f"{server}/v1/audio/alignments",
-                        files={
-                            "file": ("c.wav", wav_bytes(clip if audio is None else audio[i]), "audio/wav")
-                        },
-                        data={"model": SERVED_NAME, "text": clip.text},
-                    )
-                    for i, clip in enumerate(clips)
-                )
-            )
-
-    return asyncio.run(send_all())
-
-
 def test_alignments_are_not_packed_unless_asked(server):
     before = server_stats(server)
-    responses = send_alignments(server, distinct_clips(8))
+    responses = send_alignments(server, distinct_clips(8), model=SERVED_NAME)
     assert all(response.status_code == 200 for response in responses)
     assert server_stats(server)["packed_inputs"] == before["packed_inputs"]
 
@@ -877,7 +856,7 @@ def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_te
     clips = distinct_clips(16)
     before = server_stats(server)
 
-    responses = send_alignments(server, clips)
+    responses = send_alignments(server, clips, model=SERVED_NAME)
     after = server_stats(server)
     assert after["packed_inputs"] - before["packed_inputs"] >= len(clips) // 2, (before, after)
     for clip, response in zip(clips, responses, strict=True):
@@ -899,7 +878,7 @@ def real_sets_forced(server: str, played) -> tuple[float, float]:
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     audio = [played(c.samples, i) for i, c in enumerate(clips)]
-    responses = send_alignments(server, clips, audio)
+    responses = send_alignments(server, clips, audio, model=SERVED_NAME)
     assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
     words = [response.json()["words"] for response in responses]
     starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])

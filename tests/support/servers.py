@@ -124,10 +124,33 @@ def whisper_align_args(**options) -> list[str]:
 
 
 def wav_bytes(clip_or_samples) -> bytes:
-    samples = clip_or_samples.samples if isinstance(clip_or_samples, SpokenClip) else clip_or_samples
+    """A clip's samples (any clip: synthetic or a real recording) or bare samples as WAV bytes."""
+    samples = getattr(clip_or_samples, "samples", clip_or_samples)
     buffer = io.BytesIO()
     write_wav(buffer, samples)
     return buffer.getvalue()
+
+
+def send_alignments(server: str, clips, audio=None, **fields: str) -> list[httpx.Response]:
+    """Every clip's forced alignment with its text (of ``audio``'s samples where given) through
+    ``server``'s /v1/audio/alignments, all sent at once, with the form's other ``fields``."""
+
+    async def send_all():
+        async with httpx.AsyncClient(timeout=600) as http:
+            return await asyncio.gather(
+                *(
+                    http.post(
+                        f"{server}/v1/audio/alignments",
+                        files={
+                            "file": ("c.wav", wav_bytes(clip if audio is None else audio[i]), "audio/wav")
+                        },
+                        data={"text": clip.text, **fields},
+                    )
+                    for i, clip in enumerate(clips)
+                )
+            )
+
+    return asyncio.run(send_all())
 
 
 # A transcription whose windows fail openai-whisper's thresholds at every temperature keeps its most
