@@ -615,22 +615,41 @@ def _serve(model_name: str | None, server_argv: list[str]) -> int:
 def check_plugin_options(server_argv: list[str]) -> None:
     """The plugin's own options (``--additional-config``'s ``whisper_align``), read before vLLM starts:
     a mistake there is one line now, not an engine core that fails to start with a traceback after
-    tens of seconds. Text that is not JSON is left to vLLM's parser, which says so."""
+    tens of seconds. Given as JSON or dotted (``--additional-config.whisper_align.packing false``,
+    which vLLM's parser gathers into one JSON object); text that is not JSON is left to vLLM's parser,
+    which says so."""
     from vllm_whisper_align.protocol import WhisperAlignConfig
 
+    dotted: dict = {}
     for i, arg in enumerate(server_argv):
-        if arg == "--additional-config" and i + 1 < len(server_argv):
+        name, equals, value = arg.partition("=")
+        if not equals and i + 1 < len(server_argv):
             value = server_argv[i + 1]
-        elif arg.startswith("--additional-config="):
-            value = arg.split("=", 1)[1]
-        else:
-            continue
-        try:
-            config = json.loads(value)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(config, dict):
-            WhisperAlignConfig.from_additional_config(config)
+        if name == "--additional-config":
+            try:
+                config = json.loads(value)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(config, dict):
+                WhisperAlignConfig.from_additional_config(config)
+        elif name.startswith("--additional-config."):
+            _set_dotted(dotted, name.split(".")[1:], value)
+    if dotted:
+        WhisperAlignConfig.from_additional_config(dotted)
+
+
+def _set_dotted(config: dict, keys: list[str], value: str) -> None:
+    """``config`` with ``value`` at ``keys``, as vLLM's parser reads a dotted argument (the value as JSON
+    where it is JSON, else the text itself)."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = value
+    for key in keys[:-1]:
+        if not isinstance(config.get(key), dict):
+            config[key] = {}
+        config = config[key]
+    config[keys[-1]] = parsed
 
 
 def _serve_defaults(

@@ -239,8 +239,10 @@ def test_front_ends_without_endpoint_plugins_are_refused_at_start(flag, env):
         ["--additional-config", '{"whisper_align": {"dereverberate": "yes"}}'],
         ['--additional-config={"whisper_align": {"packing": 1}}'],
         ["--additional-config", '{"whisper_align": {"pakcing": true}}'],
+        ["--additional-config.whisper_align.dereverberate", "yes"],
+        ["--additional-config.whisper_align.pakcing=true"],
     ],
-    ids=["switch", "switch-with-equals", "unknown"],
+    ids=["switch", "switch-with-equals", "unknown", "dotted", "dotted-unknown"],
 )
 def test_a_bad_plugin_option_is_refused_at_start_in_one_line(given):
     """Read before vLLM starts: one line and exit 2 in a moment, not an engine core failing with a
