@@ -24,6 +24,9 @@ step of windows at once, get as many short requests as its later ones; each one'
 the figures before 2026-12-07): one tiny.en mishears at every temperature, so each request runs the
 whole fallback, six decodes one after another, each waiting its turn beside the long alignment; 2:
 one it hears at the first, one decode.
+
+``--stream``: the short request asks for a streamed answer (``stream=true``, server-sent events), timed
+to its last event. ``--long ''``: the short requests alone.
 """
 
 from __future__ import annotations
@@ -73,14 +76,22 @@ def long_inputs(kind: str) -> tuple[bytes, str]:
     return wav_bytes(samples), text
 
 
-async def short_request(http: httpx.AsyncClient, server: str, audio: bytes) -> float:
+async def short_request(http: httpx.AsyncClient, server: str, audio: bytes, streamed: bool) -> float:
+    """Seconds until the short request's whole answer is read (streamed: its last event)."""
     started = time.perf_counter()
-    response = await http.post(
+    data = {"response_format": "verbose_json", "timestamp_granularities[]": "word"}
+    if streamed:
+        data["stream"] = "true"
+    async with http.stream(
+        "POST",
         f"{server}/v1/audio/transcriptions",
         files={"file": ("short.wav", audio, "audio/wav")},
-        data={"response_format": "verbose_json", "timestamp_granularities[]": "word"},
-    )
-    response.raise_for_status()
+        data=data,
+    ) as response:
+        response.raise_for_status()
+        body = await response.aread()
+    if streamed and b"transcript.text.done" not in body:
+        raise RuntimeError(f"a streamed answer without its last event: {body[-300:]!r}")
     return time.perf_counter() - started
 
 
@@ -102,7 +113,9 @@ async def align(http: httpx.AsyncClient, server: str, long: tuple[bytes, str]) -
     response.raise_for_status()
 
 
-async def beside(server: str, short: bytes, long: tuple[bytes, str], at: list[float] | None) -> dict:
+async def beside(
+    server: str, short: bytes, long: tuple[bytes, str], at: list[float] | None, streamed: bool
+) -> dict:
     """Short requests while the long alignment runs, one after another (or sent at the seconds ``at``):
     their times and its."""
     async with httpx.AsyncClient(timeout=3600) as http:
@@ -114,7 +127,7 @@ async def beside(server: str, short: bytes, long: tuple[bytes, str], at: list[fl
 
             async def sent_at(seconds: float) -> float:
                 await asyncio.sleep(seconds)
-                return await short_request(http, server, short)
+                return await short_request(http, server, short, streamed)
 
             times = list(await asyncio.gather(*(sent_at(seconds) for seconds in at)))
             pairs = [(seconds, round(took, 2)) for seconds, took in zip(at, times, strict=True)]
@@ -122,7 +135,7 @@ async def beside(server: str, short: bytes, long: tuple[bytes, str], at: list[fl
         else:
             times = []
             while not task.done():
-                times.append(await short_request(http, server, short))
+                times.append(await short_request(http, server, short, streamed))
                 await asyncio.sleep(PAUSE_S)
         await task
         sent = {"sent_at_s": at, "times_s": [round(took, 2) for took in times]} if at else {}
@@ -138,16 +151,21 @@ def summary(times: list[float]) -> dict:
     }
 
 
-async def measure(server: str, kinds: list[str], at: list[float] | None, sentence: int) -> dict:
+async def measure(
+    server: str, kinds: list[str], at: list[float] | None, sentence: int, streamed: bool
+) -> dict:
     short = wav_bytes(sentence_clips()[sentence].samples)
     async with httpx.AsyncClient(timeout=600) as http:
         for _ in range(3):  # warm-up
-            await short_request(http, server, short)
-        alone = [await short_request(http, server, short) for _ in range(ALONE_REQUESTS)]
+            await short_request(http, server, short, streamed)
+        alone = [await short_request(http, server, short, streamed) for _ in range(ALONE_REQUESTS)]
     rows = {"alone": summary(alone)}
     for kind in kinds:
         long = long_inputs(kind)
-        rows[kind] = {"long_alone_s": await long_alone(server, long), **await beside(server, short, long, at)}
+        rows[kind] = {
+            "long_alone_s": await long_alone(server, long),
+            **await beside(server, short, long, at, streamed),
+        }
         print(f"beside_long: {kind}: {rows[kind]}", flush=True)
     return rows
 
@@ -156,7 +174,8 @@ def report(result: dict) -> str:
     lines = [
         f"Taken {result['taken']} under `flock -x /tmp/vwa-bench.lock` by `{result['command']}`; "
         f"{result['cpu']}, {result['cores']} cores, tiny.en {result['dtype']}; "
-        f"the short request: sentence {result['short_sentence']}.",
+        f"the short request: sentence {result['short_sentence']}"
+        f"{', streamed' if result.get('short_streamed') else ''}.",
         "",
         "| beside | short requests | short: median / p90 / max s | the long alignment, s: alone / beside |",
         "|---|---|---|---|",
@@ -178,6 +197,7 @@ def main() -> None:
     parser.add_argument(
         "--short", type=int, default=0, help="which sentence the short request posts (see the docstring)"
     )
+    parser.add_argument("--stream", action="store_true", help="the short request streamed (SSE)")
     args = parser.parse_args()
     at = [float(seconds) for seconds in args.at.split(",")] if args.at else None
     with contextlib.ExitStack() as stack:
@@ -185,7 +205,10 @@ def main() -> None:
         result = {
             **run_facts("beside_long.py", dtype),
             "short_sentence": args.short,
-            "rows": asyncio.run(measure(server, args.long.split(","), at, args.short)),
+            "short_streamed": args.stream,
+            "rows": asyncio.run(
+                measure(server, [k for k in args.long.split(",") if k], at, args.short, args.stream)
+            ),
         }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))

@@ -189,9 +189,7 @@ class AlignmentService:
         options: TranscriptionOptions | None = None,
     ) -> Transcript:
         self.check_duration(samples)
-        options = options or TranscriptionOptions()
-        if self.temperatures_at_once and is_urgent(samples):
-            options = options.with_temperatures_at_once()
+        options = self.fallback_for(samples, options)
         if self.packing and await asyncio.to_thread(
             packing.packable,
             samples,
@@ -239,6 +237,16 @@ class AlignmentService:
         )
         return await self.run(work, request_id, urgent=is_urgent(samples))
 
+    def fallback_for(
+        self, samples: np.ndarray | SpilledSamples, options: TranscriptionOptions | None
+    ) -> TranscriptionOptions:
+        """``options`` with the later temperatures decoded at once where this service does so for
+        ``samples`` (``temperatures_at_once``, one window or less), streamed or not."""
+        options = options or TranscriptionOptions()
+        if self.temperatures_at_once and is_urgent(samples):
+            return options.with_temperatures_at_once()
+        return options
+
     def check_duration(self, samples: np.ndarray | SpilledSamples) -> None:
         seconds = len(samples) / SAMPLE_RATE
         if seconds > self.max_audio_s:
@@ -259,7 +267,12 @@ class AlignmentService:
         answer starts."""
         self.check_duration(samples)
         work = driver.transcription_plan(
-            samples, self.facts, language=language, task=task, prompt=prompt, options=options
+            samples,
+            self.facts,
+            language=language,
+            task=task,
+            prompt=prompt,
+            options=self.fallback_for(samples, options),
         )
         return await self.run(work, request_id, urgent=True)
 
