@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import openai_checkpoint  # noqa: E402
-from common import (
+from common import (  # noqa: E402
     language_of,
     load_manifest,
     load_wav,
@@ -24,7 +24,7 @@ from common import (
     runner_parser,
     word_dicts,
     write_output,
-)  # noqa: E402
+)
 from stable_ts_align_run import stand_in_torchaudio  # noqa: E402
 
 SYSTEM = "stable-ts-transcribe"

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.support import languages
-from tests.support.servers import send_alignments, wav_bytes
+from tests.support.servers import forced_at_once, wav_bytes
 from tests.support.speech import sentence_clips, start_errors, synthesize_words, word_errors
 
 
@@ -25,14 +25,6 @@ def base_server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def base_client(base_server):
     return openai.OpenAI(base_url=f"{base_server}/v1", api_key="unused", timeout=600)
-
-
-def forced_at_once(server: str, clips: list, **fields: str) -> list[dict]:
-    """Each clip forced to its own text through ``server``, all at once, with the form's ``fields``: the
-    answers' bodies."""
-    responses = send_alignments(server, clips, **fields)
-    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
-    return [response.json() for response in responses]
 
 
 def test_detects_language_and_gives_words(base_client):

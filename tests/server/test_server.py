@@ -24,6 +24,7 @@ from tests.support.servers import (
     disconnect_mid_request,
     distinct_clips,
     engine_counts,
+    forced_at_once,
     is_guess,
     send_alignments,
     transcribe_raw,
@@ -878,9 +879,7 @@ def real_sets_forced(server: str, played) -> tuple[float, float]:
 
     clips = real_speech.load_clips(log=lambda *_: None, sets=("main", "spontaneous"))
     audio = [played(c.samples, i) for i, c in enumerate(clips)]
-    responses = send_alignments(server, clips, audio, model=SERVED_NAME)
-    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
-    words = [response.json()["words"] for response in responses]
+    words = [body["words"] for body in forced_at_once(server, clips, audio, model=SERVED_NAME)]
     starts = np.concatenate([start_errors(c, w) for c, w in zip(clips, words, strict=True)])
     ends = np.concatenate([end_errors(c, w) for c, w in zip(clips, words, strict=True)])
     return float(np.mean(starts <= 0.05)), float(np.mean(ends <= 0.05))

@@ -153,6 +153,13 @@ def send_alignments(server: str, clips, audio=None, **fields: str) -> list[httpx
     return asyncio.run(send_all())
 
 
+def forced_at_once(server: str, clips, audio=None, **fields: str) -> list[dict]:
+    """:func:`send_alignments`, every answer asserted a 200: their bodies."""
+    responses = send_alignments(server, clips, audio, **fields)
+    assert all(response.status_code == 200 for response in responses), [r.text for r in responses]
+    return [response.json() for response in responses]
+
+
 # A transcription whose windows fail openai-whisper's thresholds at every temperature keeps its most
 # likely attempt, often the greedy one, at an avg_logprob below -1: a guess. vLLM's float32 kernels
 # sum in another order for another batch, and such a guess can flip a word ("water" / "worm" in
