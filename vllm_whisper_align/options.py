@@ -163,8 +163,8 @@ class FallbackOptions:
     best_of: int = BEST_OF
     # Once a window fails its first temperature, every later one decoded together instead of one after
     # another, the first that passes kept as in order: the same answer in one engine round trip more,
-    # not up to five, for the decodes of the temperatures it would not have reached
-    # (runners.driver.decode_windows).
+    # not up to five, for the decodes of the temperatures it would not have reached; a runner that sees
+    # them finish one by one aborts those after one that passes (runners.driver.decode_windows).
     at_once: bool = False
 
     @classmethod

@@ -36,6 +36,7 @@ from tests.support.speech import concatenate_clips, end_errors, long_clip, sente
 from tests.support.subtitles import CUE_SENTENCES, assert_retimed, drifted_subtitles
 from tests.support.tokens import whisper_tokens
 from vllm_whisper_align.formats.subtitles import VTT, read_subtitles, write_subtitles
+from vllm_whisper_align.options import compression_ratio, temperature_schedule
 
 SERVED_NAME = "whisper-tiny.en"  # what `serve` calls the model it is given by path
 
@@ -911,3 +912,42 @@ def test_words_said_over_a_noise_floor_are_placed_by_default(server):
     print(f"\nover noise, serve's defaults: starts {starts_within:.1%}, ends {ends_within:.1%} within 50 ms")
     assert starts_within >= 0.56  # 60.9-61.2%; with denoise false 49.4% (2026-12-07)
     assert ends_within >= 0.55  # 61.5%; with denoise false 46.6%
+
+
+def test_a_short_request_answers_once_a_later_temperature_passes_and_aborts_the_ones_after_it(server):
+    """A short request whose greedy decode fails decodes every later temperature at once; once one
+    passes, the attempts after it still decoding are aborted (`fallback_attempts_cut`) and the answer is
+    the one the schedule run in turn gives. With a seed, each attempt samples as it does started alone
+    at its temperature (vLLM seeds each request's own generator), so each attempt's text and length are
+    read from requests at each temperature, and the compression ratio threshold set between greedy's
+    text and 0.2's: greedy fails it, 0.2 passes it, and an attempt after 0.2 decodes far longer (this
+    clip at this seed: one of them loops)."""
+    audio = wav_bytes(sentence_clips()[0])
+    fields = {
+        "model": SERVED_NAME,
+        "response_format": "verbose_json",
+        "timestamp_granularities[]": "segment",
+        "seed": 4,
+        "best_of": 1,
+        "logprob_threshold": "none",
+    }
+
+    def transcribed(temperature: float, threshold: float | str = "none") -> tuple:
+        response = transcribe_raw(
+            server, audio, temperature=temperature, compression_ratio_threshold=threshold, **fields
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        tokens = sum(len(segment["tokens"]) for segment in body["segments"])
+        return body["text"], compression_ratio(body["text"]), tokens, body["segments"][0]["temperature"]
+
+    attempts = [transcribed(temperature) for temperature in temperature_schedule()]
+    greedy, passing, later = attempts[0], attempts[1], attempts[2:]
+    assert passing[1] < greedy[1], attempts
+    assert max(tokens for _, _, tokens, _ in later) >= passing[2] + 30, attempts
+    before = server_stats(server)["fallback_attempts_cut"]
+    text, _, _, temperature = transcribed(0.0, threshold=(greedy[1] + passing[1]) / 2)
+    assert (text, temperature) == (passing[0], passing[3])
+    stats = server_stats(server)
+    assert 1 <= stats["fallback_attempts_cut"] - before <= len(later), stats
+    assert stats["tracked"] == stats["parked"] == stats["no_speech_parked"] == 0, stats

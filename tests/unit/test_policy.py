@@ -204,3 +204,96 @@ def test_characters_are_for_forced_alignment_of_one_window(tokens):
         decoding.plan_alignment(
             np.zeros(16000 * 20, dtype=np.float32), tokens, text=too_long, alignment_method="characters"
         )
+
+
+# ---------------------------------------------------------------------------- later temperatures at once
+
+
+def _final(tokens, text: str, avg_logprob: float):
+    """vLLM's final output of a decode of ``text`` whose every token (and eot) has ``avg_logprob``."""
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    ids = [*tokens.encode(text), tokens.eot]
+    logprobs = [{token: Logprob(avg_logprob)} for token in ids]
+    completion = CompletionOutput(0, text, ids, None, logprobs, finish_reason="stop")
+    return RequestOutput("r", None, [], None, [completion], True)
+
+
+def _fall_back_scripted(tokens, figures, silent=(), order=None, best_of=1, at_once=True):
+    """One window of placeholder audio through the driver's fallback, each engine request answered from
+    ``figures`` (its temperature's avg_logprob), ``silent`` temperatures' no-speech probability 0.9
+    (others 0.1). ``order``: positions of the at-once round's requests as they finish, each finish
+    followed by the command's ``unneeded`` (as the server's runner does); None: every request answered,
+    as the offline runner's lockstep round does. Returns the kept output, the round's positions cut
+    short, and every capture key discarded."""
+    from vllm_whisper_align.runners import driver
+
+    options = TranscriptionOptions(best_of=best_of, temperatures_at_once=at_once)
+    samples = np.zeros(16000 * 20, dtype=np.float32)
+    plan = every_window_planned(samples, tokens, language="en", options=options)
+    outputs: list = [None]
+    work = driver.decode_windows(plan, outputs, [0], tokens)
+    silent_keys, cut, discarded, reply = set(), set(), [], None
+    while True:
+        try:
+            command = work.send(reply)
+        except StopIteration:
+            return outputs[0], cut, discarded, plan
+        if isinstance(command, driver.Generate):
+            temperatures = [round(r.sampling_params.temperature, 1) for r in command.requests]
+            for request, temperature in zip(command.requests, temperatures, strict=True):
+                silent_keys |= set(request.capture_keys) if temperature in silent else set()
+            reply = [None] * len(command.requests)
+            for j in order if order is not None and len(reply) > 1 else range(len(reply)):
+                if j in cut:
+                    continue
+                reply[j] = _final(tokens, "the cat sat", figures[temperatures[j]])
+                if order is not None and command.unneeded is not None:
+                    cut |= set(command.unneeded(reply))
+        elif isinstance(command, driver.NoSpeech):
+            reply = [{"key": k, "no_speech_prob": 0.9 if k in silent_keys else 0.1} for k in command.keys]
+        else:
+            assert isinstance(command, driver.Discard), command
+            discarded += command.keys
+            reply = None
+
+
+@pytest.mark.parametrize("best_of", [1, 2])
+def test_later_temperatures_at_once_cut_what_follows_an_outright_pass_and_keep_what_in_turn_keeps(
+    tokens, best_of
+):
+    """The server decodes a short window's later temperatures at once; once one has finished and passes
+    openai-whisper's test outright (whatever its no-speech probability), the unfinished attempts after it
+    are cut short (``Generate.unneeded``): read in order, the window stops there or before. The attempt
+    kept is the one the schedule run in turn keeps, however the attempts finish; every other capture is
+    discarded, the cut ones' too."""
+    figures = {0.0: -2.0, 0.2: -1.5, 0.4: -0.5, 0.6: -0.4, 0.8: -3.0, 1.0: -0.3}
+    in_turn, _, _, _ = _fall_back_scripted(tokens, figures, best_of=best_of, at_once=False)
+    assert in_turn.temperature == pytest.approx(0.4)
+    candidates = [range(k * best_of, (k + 1) * best_of) for k in range(5)]  # T 0.2 .. 1.0
+    # 0.6 finishes first and passes: 0.8 and 1.0 are cut; then 0.4 passes, and is kept.
+    order = [*candidates[2], *candidates[1], *candidates[0], *candidates[3], *candidates[4]]
+    kept, cut, discarded, plan = _fall_back_scripted(tokens, figures, order=order, best_of=best_of)
+    assert kept.temperature == pytest.approx(0.4) and kept.avg_logprob == pytest.approx(in_turn.avg_logprob)
+    assert cut == {*candidates[3], *candidates[4]}
+    kept_keys = set(plan.windows[0].capture_keys())
+    assert kept_keys and not kept_keys & set(discarded)
+    # Every attempt's captures but the kept one's are discarded: greedy's, 0.2's, 0.6's, the cut ones'.
+    assert len(discarded) == len(set(discarded)) == 5 * (best_of + 1) + 1 - len(kept_keys) + 1
+    # In order of the schedule, nothing is cut after 0.4 until it has finished.
+    kept, cut, _, _ = _fall_back_scripted(tokens, figures, order=range(5 * best_of), best_of=best_of)
+    assert kept.temperature == pytest.approx(0.4) and cut == {j for k in (2, 3, 4) for j in candidates[k]}
+    # A runner that answers the whole round (the offline API's) keeps the same.
+    kept, cut, _, _ = _fall_back_scripted(tokens, figures, best_of=best_of)
+    assert kept.temperature == pytest.approx(0.4) and cut == set()
+
+
+def test_an_attempt_that_passes_only_as_silence_cuts_nothing(tokens):
+    """An attempt too improbable but silent passes only once the workers give its no-speech probability,
+    which comes after the round: nothing is cut on it, and it is kept as in turn."""
+    figures = {0.0: -2.0, 0.2: -1.5, 0.4: -3.0, 0.6: -0.4, 0.8: -3.0, 1.0: -0.3}
+    in_turn, _, _, _ = _fall_back_scripted(tokens, figures, silent={0.2}, at_once=False)
+    kept, cut, _, _ = _fall_back_scripted(tokens, figures, silent={0.2}, order=[0, 1, 3, 2, 4])
+    assert in_turn.temperature == kept.temperature == pytest.approx(0.2)
+    assert cut == {4}  # 0.6 passes outright once finished: only what follows it goes

@@ -440,6 +440,12 @@ def sum_logprob_score(output: WindowOutput) -> float:
     return output.avg_logprob * (length + 1) / max(length, 1)
 
 
+def best_candidate(outputs: Sequence[WindowOutput]) -> int:
+    """The position of the candidate kept among one attempt's ``outputs``: the best
+    :func:`sum_logprob_score`, the first of equals."""
+    return max(range(len(outputs)), key=lambda i: sum_logprob_score(outputs[i]))
+
+
 def keep_best(
     windows: Sequence[WindowRequest], outputs: Sequence[WindowOutput]
 ) -> tuple[list[WindowRequest], list[WindowOutput], list[str]]:
@@ -455,7 +461,7 @@ def keep_best(
         candidates = window.candidates()
         scored = outputs[position : position + len(candidates)]
         position += len(candidates)
-        best = max(range(len(candidates)), key=lambda i: sum_logprob_score(scored[i]))
+        best = best_candidate(scored)
         kept_windows.append(replace(candidates[best], siblings=(), no_speech=window.no_speech))
         kept_outputs.append(replace(scored[best], no_speech_prob=scored[0].no_speech_prob))
         dropped += [
@@ -469,14 +475,24 @@ def keep_best(
 def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
     """openai-whisper's ``decode_with_fallback`` test: too repetitive or too improbable, unless the
     window is silence (then another temperature would only invent text)."""
-    too_repetitive = is_too_repetitive(output, options)
-    too_improbable = options.logprob_threshold is not None and output.avg_logprob < options.logprob_threshold
+    too_improbable = is_too_improbable(output, options)
     silence = (
         options.no_speech_threshold is not None
         and output.no_speech_prob > options.no_speech_threshold
         and too_improbable
     )
-    return (too_repetitive or too_improbable) and not silence
+    return (is_too_repetitive(output, options) or too_improbable) and not silence
+
+
+def passes_outright(output: WindowOutput, options: FallbackOptions) -> bool:
+    """Passes :func:`needs_fallback` whatever its window's no-speech probability: known from the
+    engine's output alone, before the workers are asked for that probability."""
+    return not (is_too_repetitive(output, options) or is_too_improbable(output, options))
+
+
+def is_too_improbable(output: WindowOutput, options: FallbackOptions) -> bool:
+    """openai-whisper's confidence test: the text's average log-probability under the threshold."""
+    return options.logprob_threshold is not None and output.avg_logprob < options.logprob_threshold
 
 
 def is_too_repetitive(output: WindowOutput, options: FallbackOptions) -> bool:

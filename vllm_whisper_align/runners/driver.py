@@ -55,9 +55,16 @@ class EngineRequest:
 
 @dataclass
 class Generate:
-    """Run ``requests`` (concurrently); answer: each one's final ``RequestOutput``, in order."""
+    """Run ``requests`` (concurrently); answer: each one's final ``RequestOutput``, in order.
+
+    ``unneeded``, where given, names the requests whose answers no longer matter once others have
+    finished: called with the finals so far (None: not finished yet), it returns the positions of
+    unfinished requests that may be aborted. A runner that sees requests finish one by one (the
+    server's) aborts them and answers None for each; one that runs a round in lockstep (the offline
+    API's) answers every request."""
 
     requests: list[EngineRequest]
+    unneeded: Callable[[list[Any]], list[int]] | None = None
 
 
 @dataclass
@@ -178,27 +185,74 @@ def _later_temperatures_at_once(
         i: [plan.windows[i], *decoding.later_attempts(plan.windows[i], plan.fallback)] for i in pending
     }
     flat = [(i, attempt) for i in pending for attempt in attempts[i]]
-    answers = iter(
-        (yield from _run_attempts([a for _, a in flat], [f"{i}-{a.attempt}" for i, a in flat], tokens))
-    )
+    names = [f"{i}-{a.attempt}" for i, a in flat]
+    unneeded = _after_an_outright_pass([a for _, a in flat], [i for i, _ in flat], plan.fallback, tokens)
+    answers = iter((yield from _run_attempts([a for _, a in flat], names, tokens, unneeded)))
     for index in pending:
         ran = [next(answers) for _ in attempts[index]]
-        for position, (window, output) in enumerate(ran):
-            plan.windows[index], outputs[index] = window, output
+        for position, attempt in enumerate(ran):
+            if attempt is None:  # cut short: an earlier attempt passes outright, so this is never read
+                raise RuntimeError(f"window {index}: attempt {position} read, but it was cut short")
+            plan.windows[index], outputs[index] = attempt
             retried, superseded = decoding.fall_back(plan, outputs, [index])
             yield from _discard(superseded)
             if not retried:
-                yield from _discard(
-                    [key for unread, _ in ran[position + 1 :] for key in unread.capture_keys()]
-                )
+                unread = [key for later in ran[position + 1 :] if later for key in later[0].capture_keys()]
+                yield from _discard(unread)
                 break
 
 
+def _after_an_outright_pass(
+    attempts: Sequence[decoding.WindowRequest],
+    owners: Sequence[int],
+    fallback: decoding.FallbackOptions,
+    tokens: WhisperTokens,
+) -> Callable[[list[Any]], list[int]]:
+    """:attr:`Generate.unneeded` for ``attempts`` (of the windows ``owners`` names, each window's in
+    the order the schedule runs them) sent in one round: the unfinished candidates of every attempt
+    after one whose candidates have all finished and whose kept one passes the fallback test outright.
+    Read in order, that window stops there or before (:func:`decoding.passes_outright`), so no later
+    attempt is ever read."""
+    spans = _candidate_spans(attempts)
+
+    def unneeded(finals: list[Any]) -> list[int]:
+        passed: set[int] = set()
+        cut = []
+        for attempt, owner, span in zip(attempts, owners, spans, strict=True):
+            if owner in passed:
+                cut += [j for j in span if finals[j] is None]
+            elif all(finals[j] is not None for j in span):
+                outputs = [
+                    decoding.window_output(candidate, finals[j], tokens)
+                    for candidate, j in zip(attempt.candidates(), span, strict=True)
+                ]
+                if decoding.passes_outright(outputs[decoding.best_candidate(outputs)], fallback):
+                    passed.add(owner)
+        return cut
+
+    return unneeded
+
+
+def _candidate_spans(attempts: Sequence[decoding.WindowRequest]) -> list[range]:
+    """Where each attempt's candidates lie in the round's engine requests (every attempt's
+    ``candidates()``, in order)."""
+    spans, position = [], 0
+    for attempt in attempts:
+        count = len(attempt.candidates())
+        spans.append(range(position, position + count))
+        position += count
+    return spans
+
+
 def _run_attempts(
-    attempts: Sequence[decoding.WindowRequest], names: Sequence[str], tokens: WhisperTokens
-) -> Generator[Command, Any, list[tuple[decoding.WindowRequest, decoding.WindowOutput]]]:
+    attempts: Sequence[decoding.WindowRequest],
+    names: Sequence[str],
+    tokens: WhisperTokens,
+    unneeded: Callable[[list[Any]], list[int]] | None = None,
+) -> Generator[Command, Any, list[tuple[decoding.WindowRequest, decoding.WindowOutput] | None]]:
     """Every candidate of ``attempts`` in one round: the candidate kept of each attempt and its output
-    (the others' captures discarded)."""
+    (the others' captures discarded). ``unneeded`` as :attr:`Generate.unneeded`: an attempt the runner
+    cut short is None, its captures discarded."""
     runs = [candidate for attempt in attempts for candidate in attempt.candidates()]
     run_names = [
         f"{name}-{j}"
@@ -209,21 +263,30 @@ def _run_attempts(
         [
             EngineRequest(r.engine_prompt(), r.sampling_params, name, r.capture_keys())
             for r, name in zip(runs, run_names, strict=True)
-        ]
+        ],
+        unneeded,
     )
-    keys = decoding.no_speech_keys(runs)
+    spans = _candidate_spans(attempts)
+    finished = [all(finals[j] is not None for j in span) for span in spans]
+    ran = [attempt for attempt, done in zip(attempts, finished, strict=True) if done]
+    cut = [attempt for attempt, done in zip(attempts, finished, strict=True) if not done]
+    yield from _discard([key for attempt in cut for key in attempt.capture_keys()])
+    runs_ran = [candidate for attempt in ran for candidate in attempt.candidates()]
+    finals_ran = [finals[j] for span, done in zip(spans, finished, strict=True) if done for j in span]
+    keys = decoding.no_speech_keys(runs_ran)
     try:
         answers = (yield NoSpeech(keys)) if keys else []
     except NoCaptureError:
         answers = []  # no window counts as silence
-    probs = decoding.no_speech_probs(runs, answers)
+    probs = decoding.no_speech_probs(runs_ran, answers)
     run_outputs = [
         decoding.window_output(run, final, tokens, prob)
-        for run, final, prob in zip(runs, finals, probs, strict=True)
+        for run, final, prob in zip(runs_ran, finals_ran, probs, strict=True)
     ]
-    kept, kept_outputs, dropped = decoding.keep_best(attempts, run_outputs)
+    kept, kept_outputs, dropped = decoding.keep_best(ran, run_outputs)
     yield from _discard(dropped)
-    return list(zip(kept, kept_outputs, strict=True))
+    answers_kept = iter(zip(kept, kept_outputs, strict=True))
+    return [next(answers_kept) if done else None for done in finished]
 
 
 def _discard(keys: list[str]) -> Generator[Command, Any, None]:
@@ -490,7 +553,17 @@ def _merge(kind: type, commands: list[Command], owners: list[int], prefix: str) 
     if kind in (NoSpeech, Fetch):
         # The workers answer by key, not by position: every driver is handed the whole answer.
         return kind(items), [(0, None)] * len(commands)
+    if kind is Generate:
+        return Generate(items, _merged_unneeded(commands, spans)), spans  # type: ignore[arg-type]
     return kind(items), spans
+
+
+def _merged_unneeded(commands: list, spans: list[tuple[int, int]]) -> Callable[[list[Any]], list[int]] | None:
+    """:attr:`Generate.unneeded` of merged commands: each one's, on its own span of the finals."""
+    parts = [(c.unneeded, lo, hi) for c, (lo, hi) in zip(commands, spans, strict=True) if c.unneeded]
+    if not parts:
+        return None
+    return lambda finals: [lo + j for unneeded, lo, hi in parts for j in unneeded(finals[lo:hi])]
 
 
 def no_capture_error(error: BaseException) -> NoCaptureError | None:

@@ -125,6 +125,8 @@ class AlignmentService:
         self.compute = FairThreads()
         self._requests_in_flight = 0
         self._requests_started = 0
+        # Engine requests of later temperatures aborted once an earlier one passed (stats route).
+        self.counts = {"fallback_attempts_cut": 0}
         self._idle_tasks: set[asyncio.Task] = set()
         config = driver.plugin_options(engine_client.vllm_config.additional_config)
         self.packing, self.pack_alignments = config.packing, config.pack_alignments
@@ -356,7 +358,11 @@ class AlignmentService:
 
     async def stats(self) -> dict[str, int]:
         """What the engines hold for word timestamps, summed, and the requests in flight here."""
-        totals: dict[str, int] = {"requests_in_flight": self._requests_in_flight, **self.packer.counts}
+        totals: dict[str, int] = {
+            "requests_in_flight": self._requests_in_flight,
+            **self.counts,
+            **self.packer.counts,
+        }
         for engine_stats in await self._rpc_all_engines(RPC_STATS):
             for name, value in engine_stats.items():
                 totals[name] = totals.get(name, 0) + value
@@ -408,8 +414,9 @@ class _Carrier:
     async def answer(self, command: driver.Command, urgent: bool) -> Any:
         service = self.service
         if isinstance(command, driver.Generate):
-            requests = command.requests
-            return list(await asyncio.gather(*(self.generate(request, urgent) for request in requests)))
+            if command.unneeded is not None:
+                return await self.generate_while_needed(command, urgent)
+            return list(await asyncio.gather(*(self.generate(r, urgent) for r in command.requests)))
         if isinstance(command, driver.Compute):
             return await service.compute.run(self.request_id, command.functions)
         if isinstance(command, driver.NoSpeech):
@@ -433,6 +440,31 @@ class _Carrier:
                     self.on_output()
                 final = output
             return final
+
+    async def generate_while_needed(self, command: driver.Generate, urgent: bool) -> list[Any]:
+        """``command``'s requests run together, each aborted as soon as ``command.unneeded`` says its
+        answer no longer matters (None in its place): the later temperatures of a short request
+        answer once the first that passes has, not when the slowest is done."""
+        assert command.unneeded is not None
+        tasks = [asyncio.create_task(self.generate(request, urgent)) for request in command.requests]
+        finals: list[Any] = [None] * len(tasks)
+        running = set(tasks)
+        try:
+            while running:
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    finals[tasks.index(task)] = task.result()  # a request's error is the command's
+                cut = [tasks[j] for j in command.unneeded(finals) if tasks[j] in running]
+                for task in cut:
+                    task.cancel()  # vLLM aborts a request whose generate() is cancelled
+                await asyncio.gather(*cut, return_exceptions=True)
+                running -= set(cut)
+                self.service.counts["fallback_attempts_cut"] += len(cut)
+        finally:
+            for task in running:  # cancelled, or a request failed
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+        return finals
 
     async def abandon(self, reason: BaseException) -> None:
         """Aborts the engine requests started and drops what was captured for them: the client went
