@@ -144,3 +144,40 @@ def test_an_error_reaches_its_caller_and_frees_the_thread():
         assert await after == ["fine"]
 
     asyncio.run(scenario())
+
+
+def test_an_urgent_request_is_served_before_those_that_waited_longer_and_takes_the_next_phone_worker():
+    """A short request or a live round (urgent) takes the next free thread before requests that have
+    waited longer and were served less recently, and its functions run with ``audio.phones.URGENT``
+    set (the phone aligner's next free worker is theirs); the others' without it."""
+    from vllm_whisper_align.audio.phones import URGENT
+
+    async def scenario():
+        gate, threads = Gate(), FairThreads(threads=1, per_owner=1)
+        urgency: dict[str, bool] = {}
+
+        def noting(name: str):
+            call = gate.function(name)
+
+            def noted():
+                urgency[name] = URGENT.get()
+                return call()
+
+            return noted
+
+        first = asyncio.create_task(threads.run("first", [noting("first0"), noting("first1")]))
+        await gate.until_started("first0")
+        waiting = asyncio.create_task(threads.run("waiting", [noting("waiting")]))
+        await settle()
+        urgent = asyncio.create_task(threads.run("live", [noting("live")], urgent=True))
+        await settle()
+        for name in ["first0", "live", "waiting", "first1"]:
+            gate.release(name)
+            await settle()
+        await asyncio.gather(first, waiting, urgent)
+        return gate.started, urgency
+
+    started, urgency = asyncio.run(scenario())
+    # In turn alone, the request waiting since before the urgent one would have gone first.
+    assert started == ["first0", "live", "waiting", "first1"]
+    assert urgency == {"first0": False, "live": True, "waiting": False, "first1": False}

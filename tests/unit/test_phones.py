@@ -333,3 +333,45 @@ def test_the_process_settings_reach_the_workers(monkeypatch):
         phones.configure(dereverberate=dereverberate, denoise=denoise)
         phones.place_words(words, np.zeros(SAMPLE_RATE, dtype=np.float32), 0.0, "en")
     assert [utterance[2:] for utterance in sent] == [(True, False), (False, True), ("auto", True)]
+
+
+def test_an_urgent_call_takes_the_next_free_worker_before_calls_that_waited_longer():
+    """Calls wait for a phone worker in order of arrival, urgent ones (``URGENT`` set: a short
+    request's or a live round's windows) first: where the workers cannot keep up with the engine, a
+    live round waited behind every window of the files before it."""
+    import contextvars
+    import threading
+    import time
+
+    from vllm_whisper_align.audio.phones import URGENT, Workers
+
+    order: list[str] = []
+    release = {name: threading.Event() for name in ("held", "early", "second", "urgent")}
+
+    class Held:
+        """Stands in for the worker process: records who has it, and holds it until released."""
+
+        def align(self, utterances):
+            [name] = utterances
+            order.append(name)
+            assert release[name].wait(10), name
+            return [None]
+
+    workers = Workers(0)
+    workers._idle.append(Held())
+
+    def call(name: str, urgent: bool) -> threading.Thread:
+        context = contextvars.copy_context()
+        context.run(URGENT.set, urgent)
+        thread = threading.Thread(target=context.run, args=(workers.align, [name]))
+        thread.start()
+        time.sleep(0.2)  # in line before the next call
+        return thread
+
+    threads = [call("held", False), call("early", False), call("second", False), call("urgent", True)]
+    for name in ("held", "urgent", "early", "second"):
+        release[name].set()
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join(10)
+    assert order == ["held", "urgent", "early", "second"]

@@ -18,14 +18,15 @@ batch) do not, but where a window is halved and where a word is moved further th
 
 from __future__ import annotations
 
+import contextvars
 import os
 import pickle
-import queue
 import re
 import subprocess
 import sys
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -62,6 +63,9 @@ FILLED_PAUSES = frozenset({"um", "umm", "uhm", "uh", "er", "erm", "ah", "eh", "h
 EDGE_SILENCE_S = 0.1
 # Worker processes (:class:`Workers`), each about 40 MB: as many as the CPUs, up to 4.
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# Set where a call waits on a client (a short request, a live round): it takes the next free worker
+# before calls that do not (Workers). runners.fair_threads sets it for urgent requests' work.
+URGENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phones_urgent", default=False)
 # The workers' NumPy (audio.dereverb's matrix products) on one thread: a worker is one core's work at a
 # lower priority, and OpenBLAS's threads, spinning for one another while the engine held the cores, took
 # a 30 s window's 0.3 s to 18 s.
@@ -390,21 +394,41 @@ class Worker:
 class Workers:
     """WORKERS worker processes, each window to one that is free; the most recently freed first, so a
     second process starts only once two windows are aligned at the same time. One was the bottleneck at
-    the end of a burst of requests: every window the engine had just answered waited for it."""
+    the end of a burst of requests: every window the engine had just answered waited for it.
+
+    Calls wait for a worker in order of arrival, urgent ones (made where :data:`URGENT` is set: a short
+    request's or a live round's windows) before the others: where the workers cannot keep up with the
+    engine, a live round waited behind every window of the files finished before it."""
 
     def __init__(self, count: int) -> None:
         self.dereverberate: Mode = DEFAULT_MODE  # see configure()
         self.denoise = noise_floor.DEFAULT_ON  # see configure()
-        self._idle: queue.LifoQueue[Worker] = queue.LifoQueue()
-        for _ in range(count):
-            self._idle.put(Worker())
+        self._idle = [Worker() for _ in range(count)]  # the most recently freed last
+        self._changed = threading.Condition()
+        self._lines: dict[bool, deque[object]] = {True: deque(), False: deque()}  # urgent or not
 
     def align(self, utterances: list[Utterance]) -> list[WordSpans]:
-        worker = self._idle.get()
+        worker = self._take(URGENT.get())
         try:
             return worker.align(utterances)
         finally:
-            self._idle.put(worker)
+            with self._changed:
+                self._idle.append(worker)
+                self._changed.notify_all()
+
+    def _take(self, urgent: bool) -> Worker:
+        """A free worker, once the calls before this one in its line, and every urgent call for one that
+        is not, have theirs."""
+        line, ticket = self._lines[urgent], object()
+        with self._changed:
+            line.append(ticket)
+            self._changed.wait_for(
+                lambda: bool(self._idle) and line[0] is ticket and (urgent or not self._lines[True])
+            )
+            line.popleft()
+            worker = self._idle.pop()
+            self._changed.notify_all()  # the next in line, where a worker is still free
+            return worker
 
 
 _workers = Workers(WORKERS)

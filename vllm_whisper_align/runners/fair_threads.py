@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from vllm_whisper_align.audio.phones import URGENT as PHONES_URGENT
 from vllm_whisper_align.audio.phones import WORKERS as PHONE_WORKERS
 
 # As many as asyncio's default executor has, which ran this work before: a function waits on the phone
@@ -29,8 +30,10 @@ PER_OWNER = PHONE_WORKERS
 
 class FairThreads:
     """``threads`` threads; :meth:`run` calls functions in them, a free thread going to the waiting
-    request (``owner``) served least recently that holds fewer than ``per_owner`` (round robin), each
-    owner's functions in the order given. Lives on one event loop."""
+    request (``owner``) served least recently that holds fewer than ``per_owner`` (round robin), urgent
+    owners (a client waits on them: short requests, live rounds) before the others, each owner's
+    functions in the order given; an urgent owner's functions take the phone aligner's next free worker
+    too (``audio.phones.URGENT``). Lives on one event loop."""
 
     def __init__(self, threads: int = THREADS, per_owner: int = PER_OWNER) -> None:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="compute")
@@ -41,20 +44,25 @@ class FairThreads:
         # When each owner waiting or holding a thread was last handed one (a count of hand-outs).
         self._served: dict[Hashable, int] = {}
         self._hand_outs = 0
+        self._urgent: set[Hashable] = set()  # owners waiting or holding a thread that are urgent
 
-    async def run(self, owner: Hashable, functions: Sequence[Callable[[], Any]]) -> list[Any]:
+    async def run(
+        self, owner: Hashable, functions: Sequence[Callable[[], Any]], urgent: bool = False
+    ) -> list[Any]:
         """Each of ``functions`` called in a thread as its turn comes; their results, in order."""
-        return list(await asyncio.gather(*(self._call(owner, function) for function in functions)))
+        return list(await asyncio.gather(*(self._call(owner, function, urgent) for function in functions)))
 
     def waiting(self) -> int:
         """Functions waiting for a thread."""
         return sum(len(waiters) for waiters in self._waiting.values())
 
-    async def _call(self, owner: Hashable, function: Callable[[], Any]) -> Any:
-        await self._turn(owner)
+    async def _call(self, owner: Hashable, function: Callable[[], Any], urgent: bool) -> Any:
+        await self._turn(owner, urgent)
         loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()  # as to_thread does
+        context.run(PHONES_URGENT.set, urgent)
         try:
-            call = self._executor.submit(contextvars.copy_context().run, function)  # as to_thread does
+            call = self._executor.submit(context.run, function)
         except BaseException:
             self._release(owner)
             raise
@@ -62,9 +70,11 @@ class FairThreads:
         call.add_done_callback(lambda _: loop.is_closed() or loop.call_soon_threadsafe(self._release, owner))
         return await asyncio.wrap_future(call)
 
-    async def _turn(self, owner: Hashable) -> None:
+    async def _turn(self, owner: Hashable, urgent: bool) -> None:
         waiter = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(owner, deque()).append(waiter)
+        if urgent:
+            self._urgent.add(owner)
         self._hand_out()
         try:
             await waiter
@@ -105,9 +115,10 @@ class FairThreads:
                 waiter.set_result(None)
         for owner in [o for o in self._served if o not in self._waiting and o not in self._held]:
             del self._served[owner]
+        self._urgent &= self._waiting.keys() | self._held.keys()
 
     def _next_owner(self) -> Hashable | None:
-        """The waiting owner served least recently (one never served first; in order of arrival among
-        equals) that holds fewer threads than it may."""
+        """The waiting owner, urgent first, served least recently (one never served first; in order of
+        arrival among equals) that holds fewer threads than it may."""
         eligible = [o for o in self._waiting if self._held.get(o, 0) < self._per_owner]
-        return min(eligible, key=lambda o: self._served.get(o, 0), default=None)
+        return min(eligible, key=lambda o: (o not in self._urgent, self._served.get(o, 0)), default=None)

@@ -418,7 +418,7 @@ class _Carrier:
                 return await self.generate_while_needed(command, urgent)
             return list(await asyncio.gather(*(self.generate(r, urgent) for r in command.requests)))
         if isinstance(command, driver.Compute):
-            return await service.compute.run(self.request_id, command.functions)
+            return await service.compute.run(self.request_id, command.functions, urgent)
         if isinstance(command, driver.NoSpeech):
             return await service.no_speech(command.keys)
         if isinstance(command, driver.Fetch):
