@@ -27,6 +27,10 @@ one it hears at the first, one decode.
 
 ``--stream``: the short request asks for a streamed answer (``stream=true``, server-sent events), timed
 to its last event. ``--long ''``: the short requests alone.
+
+``--fields name=value,...``: form fields added to the short request. ``--short 0 --fields
+seed=4,compression_ratio_threshold=0.87,logprob_threshold=none`` is one that passes at a later
+temperature (tests/server/test_server.py's: greedy fails, 0.2 passes, 0.4 loops to 82 tokens).
 """
 
 from __future__ import annotations
@@ -76,10 +80,14 @@ def long_inputs(kind: str) -> tuple[bytes, str]:
     return wav_bytes(samples), text
 
 
+# Form fields added to every short request (--fields).
+EXTRA_FIELDS: dict[str, str] = {}
+
+
 async def short_request(http: httpx.AsyncClient, server: str, audio: bytes, streamed: bool) -> float:
     """Seconds until the short request's whole answer is read (streamed: its last event)."""
     started = time.perf_counter()
-    data = {"response_format": "verbose_json", "timestamp_granularities[]": "word"}
+    data = {"response_format": "verbose_json", "timestamp_granularities[]": "word", **EXTRA_FIELDS}
     if streamed:
         data["stream"] = "true"
     async with http.stream(
@@ -175,7 +183,8 @@ def report(result: dict) -> str:
         f"Taken {result['taken']} under `flock -x /tmp/vwa-bench.lock` by `{result['command']}`; "
         f"{result['cpu']}, {result['cores']} cores, tiny.en {result['dtype']}; "
         f"the short request: sentence {result['short_sentence']}"
-        f"{', streamed' if result.get('short_streamed') else ''}.",
+        f"{', streamed' if result.get('short_streamed') else ''}"
+        f"{''.join(f', {k}={v}' for k, v in result.get('short_fields', {}).items())}.",
         "",
         "| beside | short requests | short: median / p90 / max s | the long alignment, s: alone / beside |",
         "|---|---|---|---|",
@@ -198,7 +207,9 @@ def main() -> None:
         "--short", type=int, default=0, help="which sentence the short request posts (see the docstring)"
     )
     parser.add_argument("--stream", action="store_true", help="the short request streamed (SSE)")
+    parser.add_argument("--fields", default="", help="name=value,... form fields of the short request")
     args = parser.parse_args()
+    EXTRA_FIELDS.update(field.split("=", 1) for field in args.fields.split(",") if field)
     at = [float(seconds) for seconds in args.at.split(",")] if args.at else None
     with contextlib.ExitStack() as stack:
         server, dtype = server_in(stack, args.server, None, args.serve_args)
@@ -206,6 +217,7 @@ def main() -> None:
             **run_facts("beside_long.py", dtype),
             "short_sentence": args.short,
             "short_streamed": args.stream,
+            "short_fields": EXTRA_FIELDS,
             "rows": asyncio.run(
                 measure(server, [k for k in args.long.split(",") if k], at, args.short, args.stream)
             ),
