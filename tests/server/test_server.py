@@ -920,33 +920,43 @@ def test_a_short_request_answers_once_a_later_temperature_passes_and_aborts_the_
     the one the schedule run in turn gives. With a seed, each attempt samples as it does started alone
     at its temperature (vLLM seeds each request's own generator), so each attempt's text and length are
     read from requests at each temperature, and the compression ratio threshold set between greedy's
-    text and 0.2's: greedy fails it, 0.2 passes it, and an attempt after 0.2 decodes far longer (this
-    clip at this seed: one of them loops)."""
-    audio = wav_bytes(sentence_clips()[0])
+    text and 0.2's: greedy fails it, 0.2 passes it. The clip and seed are the first found whose 0.2
+    text compresses less than greedy's and after which an attempt decodes far longer (one that loops:
+    still decoding when 0.2 is done; clip 0, seed 4 on the machines tried)."""
     fields = {
         "model": SERVED_NAME,
         "response_format": "verbose_json",
         "timestamp_granularities[]": "segment",
-        "seed": 4,
         "best_of": 1,
         "logprob_threshold": "none",
     }
 
-    def transcribed(temperature: float, threshold: float | str = "none") -> tuple:
+    def transcribed(audio: bytes, seed: int, temperature: float, threshold: float | str = "none") -> tuple:
         response = transcribe_raw(
-            server, audio, temperature=temperature, compression_ratio_threshold=threshold, **fields
+            server, audio, seed=seed, temperature=temperature, compression_ratio_threshold=threshold, **fields
         )
         assert response.status_code == 200, response.text
         body = response.json()
         tokens = sum(len(segment["tokens"]) for segment in body["segments"])
         return body["text"], compression_ratio(body["text"]), tokens, body["segments"][0]["temperature"]
 
-    attempts = [transcribed(temperature) for temperature in temperature_schedule()]
+    def cases():
+        for clip in (0, 3):
+            audio = wav_bytes(sentence_clips()[clip])
+            for seed in range(1, 9):
+                yield audio, seed, [transcribed(audio, seed, t) for t in temperature_schedule()]
+
+    def fits(attempts: list) -> bool:
+        greedy, passing, later = attempts[0], attempts[1], attempts[2:]
+        return passing[1] < greedy[1] and max(tokens for _, _, tokens, _ in later) >= passing[2] + 30
+
+    found = next((case for case in cases() if fits(case[2])), None)
+    if found is None:
+        pytest.fail("no clip and seed whose 0.2 text passes where greedy's fails, with a longer one after it")
+    audio, seed, attempts = found
     greedy, passing, later = attempts[0], attempts[1], attempts[2:]
-    assert passing[1] < greedy[1], attempts
-    assert max(tokens for _, _, tokens, _ in later) >= passing[2] + 30, attempts
     before = server_stats(server)["fallback_attempts_cut"]
-    text, _, _, temperature = transcribed(0.0, threshold=(greedy[1] + passing[1]) / 2)
+    text, _, _, temperature = transcribed(audio, seed, 0.0, threshold=(greedy[1] + passing[1]) / 2)
     assert (text, temperature) == (passing[0], passing[3])
     stats = server_stats(server)
     assert 1 <= stats["fallback_attempts_cut"] - before <= len(later), stats
