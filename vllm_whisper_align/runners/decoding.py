@@ -475,13 +475,12 @@ def keep_best(
 def needs_fallback(output: WindowOutput, options: FallbackOptions) -> bool:
     """openai-whisper's ``decode_with_fallback`` test: too repetitive or too improbable, unless the
     window is silence (then another temperature would only invent text)."""
-    too_improbable = is_too_improbable(output, options)
     silence = (
         options.no_speech_threshold is not None
         and output.no_speech_prob > options.no_speech_threshold
-        and too_improbable
+        and is_too_improbable(output, options)
     )
-    return (is_too_repetitive(output, options) or too_improbable) and not silence
+    return not passes_outright(output, options) and not silence
 
 
 def passes_outright(output: WindowOutput, options: FallbackOptions) -> bool:
