@@ -2,6 +2,7 @@
 whose word starts are known (espeak-ng, continuous)."""
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -224,6 +225,24 @@ def test_a_worker_runs_at_a_lower_cpu_priority_than_its_parent_on_one_thread(sen
         assert process.num_threads() == 1
     finally:
         worker.close()
+
+
+def test_a_started_worker_loads_the_model_before_the_first_call():
+    """phones.start(), as an engine starts: the first window's words waited for a cold worker (Python,
+    PocketSphinx and its model, at a lower priority) where the engine held the cores."""
+    workers = phones.Workers(2)
+    try:
+        workers.start()
+        started = [worker for worker in workers._idle if worker._process is not None]
+        assert started == [workers._idle[-1]]  # the one the first call takes
+        process = psutil.Process(started[0]._process.pid)
+        deadline = time.monotonic() + 60
+        while not any("pocketsphinx" in mapped.path for mapped in process.memory_maps()):
+            assert time.monotonic() < deadline, "the worker never loaded PocketSphinx"
+            time.sleep(0.1)
+    finally:
+        for worker in workers._idle:
+            worker.close()
 
 
 def test_a_text_that_writes_a_filled_pause_is_searched_without_filled_pause_fillers(dictionary):

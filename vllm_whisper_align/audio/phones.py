@@ -374,6 +374,11 @@ class Worker:
         get_logger(__name__).warning("the phone aligner's process died; these words keep their times")
         return [None] * len(utterances)
 
+    def start(self) -> None:
+        """Starts the process now, not at the first call: it loads the model as it starts."""
+        with self._lock:
+            self._started()
+
     def _started(self) -> Any:
         if self._process is None or self._process.poll() is not None:
             self._process = subprocess.Popen(
@@ -406,6 +411,12 @@ class Workers:
         self._idle = [Worker() for _ in range(count)]  # the most recently freed last
         self._changed = threading.Condition()
         self._lines: dict[bool, deque[object]] = {True: deque(), False: deque()}  # urgent or not
+
+    def start(self) -> None:
+        """Starts the worker the first call takes."""
+        with self._changed:
+            first = self._idle[-1]
+        first.start()
 
     def align(self, utterances: list[Utterance]) -> list[WordSpans]:
         worker = self._take(URGENT.get())
@@ -444,11 +455,22 @@ def configure(dereverberate: Mode, denoise: bool) -> None:
     _workers.denoise = denoise
 
 
+def start() -> None:
+    """Starts this process's first worker now, where it would start at the first window's words: a
+    cold start (a Python process, PocketSphinx and its model, at nice NICENESS) took a few seconds
+    where the engine held the cores, and the first request paid them."""
+    _workers.start()
+
+
 def serve() -> None:
     """The worker's loop: a list of utterances in, their words' times out, until stdin closes."""
     channel_in, channel_out = sys.stdin.buffer, sys.stdout.buffer
     os.nice(NICENESS)
     sys.stdout = sys.stderr  # nothing but answers on the channel
+    try:  # the model most windows read (no filled pause written), loaded before the first comes
+        decoder()
+    except Exception:  # answered as any call's failure is, below
+        pass
     while True:
         try:
             utterances = pickle.load(channel_in)

@@ -123,9 +123,11 @@ class EngineFacts:
 
 def plugin_options(additional_config: Any) -> WhisperAlignConfig:
     """The plugin's options of an engine (``--additional-config``'s ``whisper_align``), with this
-    process's phone aligner set by them (one setting a process: ``audio.phones.configure``)."""
+    process's phone aligner set by them (one setting a process: ``audio.phones.configure``) and its
+    first worker started."""
     config = WhisperAlignConfig.from_additional_config(additional_config)
     phones.configure(dereverberate=config.dereverberate, denoise=config.denoise)
+    phones.start()
     return config
 
 
