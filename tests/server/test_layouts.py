@@ -87,6 +87,7 @@ class Layout:
     base: str  # the API's URL
     log: Path  # the API process's log
     engines: int
+    served_at_start: dict[str, float]  # requests_per_engine once the server answered, before any test
 
 
 @pytest.fixture(scope="module", params=LAYOUTS)
@@ -122,7 +123,8 @@ def layout(request, model_dir, tmp_path_factory):
         # give a clip its neighbours as context: tests/server/test_server.py tests that)
         args = [*args, *whisper_align_args(packing=False)]
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
-        yield Layout(base, log_dir / SERVER_LOG, engines=1 if request.param == "api-servers-2" else 2)
+        engines = 1 if request.param == "api-servers-2" else 2
+        yield Layout(base, log_dir / SERVER_LOG, engines, requests_per_engine(base))
 
 
 async def _transcribe(http: httpx.AsyncClient, base: str, audio: bytes) -> dict:
@@ -170,8 +172,17 @@ def assert_same_answer(single: dict, batched: dict) -> None:
     )
 
 
+def test_every_engine_is_warmed_up_before_the_server_answers(layout):
+    """The server transcribes its bundled clip once for each engine before it answers
+    (``AlignmentService.warm_up``): an engine compiles vLLM's logprob ranks at the first request that
+    asks for logprobs, and a client's first request paid for it."""
+    served = layout.served_at_start
+    assert len(served) == layout.engines and min(served.values()) >= 1, served
+
+
 def test_concurrent_answers_equal_each_file_alone(layout):
     base = layout.base
+    served_before = requests_per_engine(base)
     clips = distinct_clips(CLIPS)
     audios = [wav_bytes(clip) for clip in clips]
 
@@ -200,7 +211,7 @@ def test_concurrent_answers_equal_each_file_alone(layout):
     assert guesses <= MAX_GUESSES, guesses
     assert held_stats(base) == dict.fromkeys(HELD_STATS, 0)
     # Every engine served some of them: the answers above came from each engine's own capture.
-    served = requests_per_engine(base)
+    served = {engine: n - served_before.get(engine, 0) for engine, n in requests_per_engine(base).items()}
     assert len(served) == layout.engines and all(count > 0 for count in served.values()), served
 
 

@@ -26,8 +26,9 @@ import numpy as np
 
 from vllm_whisper_align import memory
 from vllm_whisper_align.align.results import Transcript, WindowResult
-from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples
+from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples, decode_audio
 from vllm_whisper_align.audio.windows import AudioChunk
+from vllm_whisper_align.checkpoints.bundled import sample_path
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
 from vllm_whisper_align.engine.settings import encoder_rows_per_step
 from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
@@ -147,6 +148,23 @@ class AlignmentService:
         service = cls(engine_client, tokenizer, max_audio_s, temperatures_at_once)
         service._when_idle_return_memory()  # what start-up freed
         return service
+
+    async def warm_up(self) -> None:
+        """Transcribes the bundled clip with word timestamps, once for each engine (vLLM hands requests
+        sent together to the least busy): the engines compile vLLM's logprob ranks (``torch.compile``)
+        at the first request that asks for logprobs, which every one of ours does, and a client's first
+        request paid for it. A failure is logged: the server serves without."""
+        engines = self.engine_client.vllm_config.parallel_config.data_parallel_size
+        try:
+            samples = await asyncio.to_thread(decode_audio, sample_path())
+            options = self.fallback_for(samples, None)
+            work = (
+                driver.transcription(samples, self.facts, language=None, options=options)
+                for _ in range(engines)
+            )
+            await asyncio.gather(*(self.run(w, f"warm-up-{i}", urgent=True) for i, w in enumerate(work)))
+        except Exception as error:  # the first request pays the compilation, as it would without
+            logger.warning("whisper-align: the warm-up transcription failed: %r", error)
 
     # ---- memory ------------------------------------------------------------------------------
 

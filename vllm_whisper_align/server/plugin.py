@@ -72,5 +72,6 @@ class WhisperAlignEndpoints:
         service = await AlignmentService.create(
             engine_client, max_audio_s=limits.max_audio_s, temperatures_at_once=True
         )
+        await service.warm_up()
         live = LiveStreams(service, limits.max_live_streams, max_waiting_s=limits.max_audio_s)
         state.whisper_align = ServerState(service, list(names), limits, Decoders(), live)
