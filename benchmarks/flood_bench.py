@@ -9,8 +9,9 @@ lets N clients post the 4-8 s espeak-ng sentences of tests/support/speech.py one
 `json`: no word timestamps, so not packed, one engine request each; 8 sentences, so repeats hit the
 encoder cache: a flood cheaper than real traffic), then, once they have run for a few seconds, posts
 a 3-minute recording of real speech (tests/support/real_speech.py, joined with its own pauses) with
-word timestamps: how long it takes, against the same file alone (N = 0), and how many clips a second
-the flood got answered meanwhile. A file not done within `--limit` seconds is reported as such.
+word timestamps (`--method`: its `alignment_method`, serve's default `auto`): how long it takes,
+against the same file alone (N = 0), and how many clips a second the flood got answered meanwhile. A
+file not done within `--limit` seconds is reported as such.
 
 Writes benchmarks/out/flood.json and prints a section for benchmarks/RESULTS.md.
 """
@@ -44,9 +45,10 @@ OUT = HERE / "out" / "flood.json"
 FLOOD_FIRST_S = 8
 
 
-async def post(http: httpx.AsyncClient, server: str, audio: bytes, words: bool) -> None:
+async def post(http: httpx.AsyncClient, server: str, audio: bytes, words: str | None) -> None:
+    """``audio`` transcribed: with word timestamps by the alignment method ``words``, or without."""
     data = (
-        {"response_format": "verbose_json", "timestamp_granularities[]": "word"}
+        {"response_format": "verbose_json", "timestamp_granularities[]": "word", "alignment_method": words}
         if words
         else {"response_format": "json"}
     )
@@ -57,9 +59,10 @@ async def post(http: httpx.AsyncClient, server: str, audio: bytes, words: bool) 
 
 
 async def file_beside_flood(
-    server: str, file: bytes, clips: list[bytes], clients: int, limit_s: float
+    server: str, file: bytes, clips: list[bytes], clients: int, limit_s: float, method: str
 ) -> dict:
-    """The file's answer time (None: not within ``limit_s``) while ``clients`` post clips."""
+    """The file's answer time (None: not within ``limit_s``, words by ``method``) while ``clients``
+    post clips."""
     stop, answered = asyncio.Event(), []
 
     async def clip_client(first: int) -> None:
@@ -68,7 +71,7 @@ async def file_beside_flood(
                 if stop.is_set():
                     return
                 posted = time.monotonic()
-                await post(http, server, clips[k % len(clips)], words=False)
+                await post(http, server, clips[k % len(clips)], words=None)
                 answered.append((time.monotonic(), time.monotonic() - posted))
 
     flood = [asyncio.create_task(clip_client(k)) for k in range(clients)]
@@ -76,7 +79,7 @@ async def file_beside_flood(
     posted = time.monotonic()
     async with httpx.AsyncClient(timeout=3600) as http:
         try:
-            await asyncio.wait_for(post(http, server, file, words=True), limit_s)
+            await asyncio.wait_for(post(http, server, file, words=method), limit_s)
             file_s: float | None = time.monotonic() - posted
         except TimeoutError:
             file_s = None
@@ -107,7 +110,8 @@ def report(result: dict) -> str:
         "",
         f"- Machine: {result['cpu']}, {result['cores']} cores; tiny.en {result['dtype']} on "
         "`vllm-whisper-align serve`",
-        f"- The file: {result['file_audio_s']:.0f} s of real speech, word timestamps; the clips: 4-8 s "
+        f"- The file: {result['file_audio_s']:.0f} s of real speech, word timestamps "
+        f"(`alignment_method={result['method']}`); the clips: 4-8 s "
         "sentences, `json`, one after another per client",
         "",
         "| clients posting clips | the file answered in | clips answered meanwhile, per s "
@@ -131,17 +135,23 @@ def main() -> None:
     parser.add_argument("--clients", default="0,32,64", help="clients posting clips, a level each")
     parser.add_argument("--limit", type=float, default=600.0, help="seconds the file may take")
     parser.add_argument("--serve-args", default="", help="flags for serve: '--scheduling-policy fcfs'")
+    parser.add_argument("--method", default="auto", help="the file's alignment_method (auto, heads, ...)")
     args = parser.parse_args()
     joined = real_speech.joined_with_pauses(real_speech.load_clips(log=lambda *_: None))
     samples = np.concatenate([clip.samples for clip in joined[4:]])
     file = wav_bytes(samples)
     clips = [wav_bytes(clip) for clip in sentence_clips()]
-    result: dict = {"file_audio_s": len(samples) / SAMPLE_RATE, "limit_s": args.limit, "levels": []}
+    result: dict = {
+        "file_audio_s": len(samples) / SAMPLE_RATE,
+        "limit_s": args.limit,
+        "method": args.method,
+        "levels": [],
+    }
     with contextlib.ExitStack() as stack:
         server, dtype = server_in(stack, args.server, None, args.serve_args)
-        asyncio.run(file_beside_flood(server, clips[0], clips, 0, args.limit))  # warm
+        asyncio.run(file_beside_flood(server, clips[0], clips, 0, args.limit, args.method))  # warm
         for clients in (int(n) for n in args.clients.split(",")):
-            row = asyncio.run(file_beside_flood(server, file, clips, clients, args.limit))
+            row = asyncio.run(file_beside_flood(server, file, clips, clients, args.limit, args.method))
             print(f"  {row}", flush=True)
             result["levels"].append(row)
     result |= run_facts("flood_bench.py", dtype)
