@@ -456,9 +456,9 @@ def configure(dereverberate: Mode, denoise: bool) -> None:
 
 
 def start() -> None:
-    """Starts this process's first worker now, where it would start at the first window's words: a
-    cold start (a Python process, PocketSphinx and its model, at nice NICENESS) took a few seconds
-    where the engine held the cores, and the first request paid them."""
+    """Starts this process's first worker now, where it would start at the first window's words: its
+    cold start (a Python process, PocketSphinx and its model, at nice NICENESS, beside whatever the
+    engine runs then) is paid before a request waits on it, not by the first one."""
     _workers.start()
 
 
