@@ -414,67 +414,29 @@ def assert_words_match(result: dict, clip) -> None:
     assert (start_errors(clip, result["words"]) <= 0.5).mean() >= 0.75, result["text"]
 
 
-def test_corpus_job_end_to_end(corpus, tmp_path):
+def test_a_killed_job_resumes_without_redoing_anything_and_fails_only_the_bad_item(corpus, tmp_path):
+    """The job end to end: transcriptions (one through a file:// URI with its own language), a forced
+    alignment and a file that is not audio. SIGKILL the job's process group once the first results are
+    written; the rerun does the rest: every id once, the files written before the kill untouched, none
+    processed by both runs, the bad item failed alone (exit 1), results 0644 under umask 022. (One
+    test, not two: each run of the job starts Ray and an engine, about a minute of the suite.)"""
     folder, clips = corpus
-    manifest = write_manifest(
-        folder / "e2e.jsonl",
-        [
-            {"id": "plain", "audio": "clip1.wav"},
-            {"id": "by uri", "audio": (folder / "clip4.wav").as_uri(), "language": "en"},
-            {"id": "aligned", "audio": "clip2.wav", "text": clips[2].text},
-            {"id": "broken", "audio": "notes.wav"},
-        ],
-    )
-    out = tmp_path / "out"
-    mark = uuid.uuid4().hex
-    args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "2")
-    process = start_cli(*args, mark=mark, umask=0o022)
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 1, stderr[-3000:]  # one item failed; the job went on
-    assert stdout == ""
-    assert "4/4 items (3 ok, 1 failed; 0 done before)" in stderr, stderr[-3000:]
-    assert_words_match(json.loads((out / "plain.json").read_text()), clips[1])
-    by_uri = json.loads((out / "by uri.json").read_text())
-    assert_words_match(by_uri, clips[4])
-    assert set(by_uri) >= {"task", "language", "duration", "text", "segments", "words"}  # verbose_json
-    aligned = json.loads((out / "aligned.json").read_text())
-    assert [w["word"].strip() for w in aligned["words"]] == clips[2].text.split()
-    assert all(w["aligned"] for w in aligned["words"])
-    assert sorted(p.name for p in out.iterdir()) == [
-        "aligned.json",
-        "by uri.json",
-        "plain.json",
-        "summary.jsonl",
-    ]
-    assert {oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {oct(0o644)}  # umask 022
-    rows = {row["id"]: row for row in job.read_summary(out / "summary.jsonl")}
-    assert {i: r["status"] for i, r in rows.items()} == {
-        "plain": "ok",
-        "by uri": "ok",
-        "aligned": "ok",
-        "broken": "error",
-    }
-    assert "notes.wav" in rows["broken"]["error"] and "AudioError" in rows["broken"]["error"]
-    assert rows["aligned"]["words"] == len(clips[2].words)
-    assert rows["plain"]["audio_seconds"] == pytest.approx(clips[1].duration, abs=1e-3)
-    assert not wait_for_no_processes(mark), "processes of the job outlived it"
-
-
-def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
-    """SIGKILL the job's process group once the first results are written; the rerun does the rest:
-    every id once, the files written before the kill untouched, none processed by both runs."""
-    folder, clips = corpus
-    ids = [f"item{n}" for n in range(8)]
     sources = ["clip1.wav", "clip4.wav"]  # transcribed well by tiny.en (as in test_cli)
-    manifest = write_manifest(
-        folder / "resume.jsonl", [{"id": item_id, "audio": sources[n % 2]} for n, item_id in enumerate(ids)]
-    )
+    entries = [{"id": f"item{n}", "audio": sources[n % 2]} for n in range(8)]
+    entries[4:4] = [
+        {"id": "by uri", "audio": (folder / "clip4.wav").as_uri(), "language": "en"},
+        {"id": "aligned", "audio": "clip2.wav", "text": clips[2].text},
+        {"id": "broken", "audio": "notes.wav"},
+    ]
+    ids = [entry["id"] for entry in entries]
+    ok_ids = [item_id for item_id in ids if item_id != "broken"]
+    manifest = write_manifest(folder / "resume.jsonl", entries)
     out = tmp_path / "out"
     args = ("--manifest", str(manifest), "--output-dir", str(out), "--batch-size", "1")
     first_mark = uuid.uuid4().hex
-    first = start_cli(*args, mark=first_mark)
+    first = start_cli(*args, mark=first_mark, umask=0o022)
     deadline = time.monotonic() + 600
-    while not list(out.glob("item*.json")):
+    while not list(out.glob("*.json")):
         assert first.poll() is None, first.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no result within 10 minutes"
         time.sleep(0.1)
@@ -482,25 +444,45 @@ def test_killed_job_resumes_without_redoing_anything(corpus, tmp_path):
     first.communicate()
     left = wait_for_no_processes(first_mark)
     assert not left, f"processes outlived the kill: {[(p.pid, p.name()) for p in left]}"
-    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("item*.json")}
-    assert 0 < len(before) < len(ids), f"the kill was not halfway: {sorted(before)}"
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.json")}
+    assert 0 < len(before) < len(ok_ids), f"the kill was not halfway: {sorted(before)}"
 
-    second = start_cli(*args, mark=uuid.uuid4().hex)
+    second_mark = uuid.uuid4().hex
+    second = start_cli(*args, mark=second_mark, umask=0o022)
     stdout, stderr = second.communicate(timeout=600)
-    assert second.returncode == 0, stderr[-3000:]
-    assert sorted(p.name for p in out.glob("*.json")) == sorted(f"{i}.json" for i in ids)
+    assert second.returncode == 1, stderr[-3000:]  # one item failed; the job went on
+    assert stdout == ""
+    todo = len(ids) - len(before)
+    assert f"{len(before)} done before, {todo} to do" in stderr, stderr[-3000:]
+    assert f"{todo}/{todo} items ({todo - 1} ok, 1 failed; {len(before)} done before)" in stderr, stderr[
+        -3000:
+    ]
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{i}.json" for i in ok_ids), "summary.jsonl"])
+    assert {oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {oct(0o644)}  # umask 022
     after = {name: (out / name).stat() for name in before}
     assert {name: (s.st_ino, s.st_mtime_ns) for name, s in after.items()} == before  # untouched
-    assert f"{len(before)} done before, {len(ids) - len(before)} to do" in stderr, stderr[-3000:]
     rows = job.read_summary(out / "summary.jsonl")
     runs = list(dict.fromkeys(row["run"] for row in rows))
     assert len(runs) <= 2
     processed_by_second = {row["id"] for row in rows if row["run"] == runs[-1] and not row.get("recovered")}
     assert processed_by_second == set(ids) - {name.removesuffix(".json") for name in before}
     ok_rows = [row["id"] for row in rows if row["status"] == "ok"]
-    assert sorted(ok_rows) == sorted(ids), rows  # one ok row per id: read back for a row the kill cut
-    for n, item_id in enumerate(ids):
-        assert_words_match(json.loads((out / f"{item_id}.json").read_text()), clips[(1, 4)[n % 2]])
+    assert sorted(ok_rows) == sorted(ok_ids), rows  # one ok row per id: read back for a row the kill cut
+    latest = job.latest_status(rows)
+    assert latest["broken"]["status"] == "error", latest["broken"]
+    assert "notes.wav" in latest["broken"]["error"] and "AudioError" in latest["broken"]["error"]
+    assert not wait_for_no_processes(second_mark), "processes of the job outlived it"
+
+    for n, entry in enumerate(e for e in entries if e["id"].startswith("item")):
+        assert_words_match(json.loads((out / f"{entry['id']}.json").read_text()), clips[(1, 4)[n % 2]])
+    by_uri = json.loads((out / "by uri.json").read_text())
+    assert_words_match(by_uri, clips[4])
+    assert set(by_uri) >= {"task", "language", "duration", "text", "segments", "words"}  # verbose_json
+    aligned = json.loads((out / "aligned.json").read_text())
+    assert [w["word"].strip() for w in aligned["words"]] == clips[2].text.split()
+    assert all(w["aligned"] for w in aligned["words"])
+    assert latest["aligned"]["words"] == len(clips[2].words)
+    assert latest["item0"]["audio_seconds"] == pytest.approx(clips[1].duration, abs=1e-3)
 
 
 def directory_state(folder: Path) -> dict[str, tuple[int, int, int]]:
