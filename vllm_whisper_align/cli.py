@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -211,10 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             # would take an option's value (`--port 8000`) for MODEL.
             model = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else None
             return _serve(model, argv[2:] if model else argv[1:])
-        parser = build_parser()  # after serve's branch: building it imports vLLM (decoding's defaults)
+        parser = build_parser()
         # Looked up before parsing: splitting off the engine options may import vLLM, which logs.
         runs_engine = bool(argv) and argv[0] in ENGINE_COMMANDS
-        with _logging_to_stderr("--verbose" in argv) if runs_engine else contextlib.nullcontext():
+        with _logging_once_vllm_comes("--verbose" in argv) if runs_engine else contextlib.nullcontext():
             return _run(parser, argv)
     except (ValueError, OSError) as error:  # InputError is a ValueError
         print(f"vllm-whisper-align: error: {_one_line(error)}", file=sys.stderr)
@@ -241,6 +241,38 @@ def _run(parser: argparse.ArgumentParser, argv: list[str]) -> int:
     if args.command == "transcribe":
         return _transcribe(args, engine_args)
     return _align(args, engine_args)
+
+
+# Set by main for a command that may run an engine: sets up its logging (once) just before this process
+# imports vLLM. None outside main: a caller of these functions has its own logging.
+_vllm_coming: Callable[[], None] | None = None
+
+
+@contextlib.contextmanager
+def _logging_once_vllm_comes(verbose: bool) -> Iterator[None]:
+    """``_logging_to_stderr``, entered only when ``_before_vllm`` is first called: a command that ends
+    before then (a mistake in its arguments, a missing file, a client of a server) neither imports vLLM
+    (seconds, for torch) nor waits for it."""
+    global _vllm_coming
+    with contextlib.ExitStack() as stack:
+        entered: list[bool] = []
+
+        def enter() -> None:
+            if not entered:
+                stack.enter_context(_logging_to_stderr(verbose))
+                entered.append(True)
+
+        _vllm_coming = enter
+        try:
+            yield
+        finally:
+            _vllm_coming = None
+
+
+def _before_vllm() -> None:
+    """Called before anything here imports vLLM or starts an engine."""
+    if _vllm_coming is not None:
+        _vllm_coming()
 
 
 @contextlib.contextmanager
@@ -319,6 +351,7 @@ def _split_engine_options(argv: list[str], own: set[str]) -> tuple[list[str], li
 
 
 def _engine_parser():
+    _before_vllm()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -365,7 +398,7 @@ def _transcribe(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 def _stream(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
     """AUDIO (or stdin) streamed: to ``--server``'s /v1/realtime, or through an engine here; each word
     printed as it is confirmed."""
-    from vllm_whisper_align.runners.live import played, stdin_chunks
+    from vllm_whisper_align.live.sources import played, stdin_chunks
 
     if not args.speed >= 0:  # NaN too, which played a file at once
         raise InputError(f"--speed must be 0 or more; got {args.speed:g}", "speed")
@@ -387,9 +420,9 @@ def _stream(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
         session.update({"model": args.model} if args.model else {})
         stream_to_server(args.server, chunks, lambda word: _print_word(word, args.jsonl), session)
         return 0
-    from vllm_whisper_align.runners.live import stream_in_process
-
     with _aligner(args.model, engine_args) as aligner:
+        from vllm_whisper_align.runners.live import stream_in_process
+
         stream_in_process(
             aligner,
             chunks,
@@ -468,6 +501,7 @@ def _batch(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     items = read_manifest(args.manifest)
     require_ray()
+    _before_vllm()  # the job's processes inherit its settings
     method = _given(args, ALIGNMENT_OPTIONS).get("alignment_method")
     options = JobOptions(str(args.output_dir.absolute()), args.language, method)
     try:
@@ -526,6 +560,7 @@ def _retime(args: argparse.Namespace, engine_args: dict[str, Any]) -> int:
 
 
 def _aligner(model: str | None, engine_args: dict[str, Any]):
+    _before_vllm()
     from vllm_whisper_align.runners.offline import WhisperAligner
 
     return WhisperAligner(model, **engine_args)

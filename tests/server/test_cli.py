@@ -126,6 +126,34 @@ def test_missing_file_alone_fails_fast_with_one_line(tmp_path):
     assert len(error_lines(result.stderr)) == 1
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["transcribe", "{tmp}/nope.wav", "--word-timestamps"],
+        ["align", "--manifest", "{tmp}/nope.jsonl"],
+        ["stream", "{tmp}/nope.wav", "--speed", "-1"],
+        ["stream", "{sample}", "--server", "http://127.0.0.1:{port}", "--speed", "0"],
+    ],
+    ids=["missing-file", "missing-manifest", "bad-speed", "server-not-there"],
+)
+def test_commands_that_end_before_any_engine_never_import_vllm(args, tmp_path):
+    """A mistake found before an engine starts, and a client of a server, are answered without
+    importing vLLM (and torch): seconds each, for nothing."""
+    from tests.support.servers import free_port
+    from vllm_whisper_align.checkpoints.bundled import sample_path
+
+    argv = [a.format(tmp=tmp_path, sample=sample_path(), port=free_port()) for a in args]
+    code = (
+        "import sys\nfrom vllm_whisper_align import cli\n"
+        f"status = cli.main({argv!r})\n"
+        "print(status, sorted(n for n in sys.modules if n.split('.')[0] == 'vllm'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    status, _, imported = done.stdout.strip().splitlines()[-1].partition(" ")
+    assert status != "0" and len(error_lines(done.stderr)) == 1, done.stderr[-3000:]
+    assert imported == "[]", imported[:300]
+
+
 def test_align_manifest_on_the_default_engine_verbose(audio_files, tmp_path):
     """No --dtype: the engine runs the dtype chosen for this CPU (float32 without native bf16), not the
     model's float16; vLLM's own config line says what it runs, and the weights converted are said once.

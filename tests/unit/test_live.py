@@ -251,7 +251,7 @@ def test_stdin_chunks_read_pcm16_as_it_comes_and_refuse_an_odd_byte():
     import io
 
     from vllm_whisper_align.errors import InputError
-    from vllm_whisper_align.runners.live import stdin_chunks
+    from vllm_whisper_align.live.sources import stdin_chunks
 
     pcm = (np.arange(-2000, 2000, dtype="<i2") * 8).tobytes()
     chunks = list(stdin_chunks(io.BufferedReader(io.BytesIO(pcm))))
@@ -267,10 +267,11 @@ def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
     import queue
     import time
 
+    from vllm_whisper_align.live.sources import CHUNK_S
     from vllm_whisper_align.runners import live
 
-    chunk = np.zeros(int(live.CHUNK_S * SAMPLE_RATE), dtype=np.float32)
-    total = int(3 * live_buffer.MAX_WAITING_S / live.CHUNK_S)
+    chunk = np.zeros(int(CHUNK_S * SAMPLE_RATE), dtype=np.float32)
+    total = int(3 * live_buffer.MAX_WAITING_S / CHUNK_S)
     read = []
 
     def source():
@@ -286,14 +287,14 @@ def test_a_source_is_read_no_further_ahead_than_the_buffer_has_room_for():
         live._receive(buffer, arrived, block=False)
         time.sleep(0.01)
     assert arrived.full() and not buffer.has_room, (arrived.qsize(), buffer.new_seconds)
-    ahead = live_buffer.MAX_WAITING_S / live.CHUNK_S + live_buffer.READ_AHEAD_CHUNKS + 2
+    ahead = live_buffer.MAX_WAITING_S / CHUNK_S + live_buffer.READ_AHEAD_CHUNKS + 2
     assert len(read) <= ahead, (len(read), ahead)
     while not buffer.ended or buffer.arrived:
         live._receive(buffer, arrived, block=not buffer.wants_decode())
         if buffer.wants_decode():
             buffer.next_decode()
     reader.join(timeout=30)
-    assert len(read) == total and buffer.stream_seconds == pytest.approx(total * live.CHUNK_S)
+    assert len(read) == total and buffer.stream_seconds == pytest.approx(total * CHUNK_S)
 
 
 def test_the_realtime_client_reads_no_further_ahead_than_the_server_takes():
