@@ -16,26 +16,16 @@ import httpx
 import openai
 import pytest
 
-from tests.support.servers import assert_openai_error, transcribe_raw, wav_bytes
+from tests.support.servers import API_KEY, BODY_IDLE_S, assert_openai_error, transcribe_raw, wav_bytes
 from tests.support.silence import write_constant_flac
 from tests.support.speech import long_clip, sentence_clips
 
-API_KEY = "hardening-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-BODY_IDLE_S = 4
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    from tests.support.servers import running_server
-
-    with running_server(
-        model_dir,
-        tmp_path_factory.mktemp("hardening"),
-        env={"VLLM_WHISPER_ALIGN_BODY_IDLE_S": str(BODY_IDLE_S)},
-        args=["--api-key", API_KEY],
-    ) as base:
-        yield base
+def server(guarded_server):
+    return guarded_server
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import pytest
 from tests.support.no_speech import with_noise
 from tests.support.rooms import in_room
 from tests.support.servers import (
+    API_KEY,
     MAX_AUDIO_S,
     MAX_GUESSES,
     assert_openai_error,
@@ -29,7 +30,6 @@ from tests.support.servers import (
     send_alignments,
     transcribe_raw,
     wav_bytes,
-    whisper_align_args,
 )
 from tests.support.silence import state_total_samples, write_silent_flac
 from tests.support.speech import concatenate_clips, end_errors, long_clip, sentence_clips, start_errors
@@ -119,22 +119,12 @@ def test_segment_and_word_granularities(server):
     assert plain.status_code == 200 and plain.text.strip() == both["text"].strip()
 
 
-@pytest.fixture(scope="module")
-def unpacked_server(model_dir, tmp_path_factory):
-    """A server that runs every request in its own window (whisper_align.packing off)."""
-    from tests.support.servers import running_server
-
-    args = whisper_align_args(packing=False)
-    with running_server(model_dir, tmp_path_factory.mktemp("unpacked"), args=args) as base:
-        yield base
-
-
-def test_32_concurrent_requests_each_match_their_clip(unpacked_server):
+def test_32_concurrent_requests_each_match_their_clip(guarded_server):
     """32 concurrent requests (a full batch: max_num_seqs 32); each of the first 16 answers equals its
     clip served alone (text, and word times ±0.02 s), and every answer has words. Half are checked
     alone to keep the suite's time: the 16 alone requests run one after another."""
-    server = unpacked_server  # packed, a clip's decoder would read its neighbours as context
-    client = openai.OpenAI(base_url=f"{server}/v1", api_key="unused", timeout=600)
+    server = guarded_server  # unpacked: packed, a clip's decoder would read its neighbours as context
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, timeout=600)
     clips = distinct_clips(32)
     checked = 16
 
@@ -149,7 +139,7 @@ def test_32_concurrent_requests_each_match_their_clip(unpacked_server):
     alone = [request(i, clip, client) for i, clip in enumerate(clips[:checked])]
 
     async def run_all():
-        async_client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key="unused", timeout=900)
+        async_client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, timeout=900)
         return await asyncio.gather(*[request(i, clip, async_client) for i, clip in enumerate(clips)])
 
     together = asyncio.run(run_all())
@@ -834,16 +824,6 @@ def test_short_requests_that_wait_together_share_windows_and_keep_their_own_word
         assert packed >= unpacked - 0.05, (seconds, packed, unpacked)
 
 
-@pytest.fixture(scope="module")
-def packing_server(model_dir, tmp_path_factory):
-    """A server that packs forced alignments too (whisper_align.pack_alignments)."""
-    from tests.support.servers import running_server
-
-    args = whisper_align_args(pack_alignments=True)
-    with running_server(model_dir, tmp_path_factory.mktemp("packing"), args=args) as base:
-        yield base
-
-
 def test_alignments_are_not_packed_unless_asked(server):
     before = server_stats(server)
     responses = send_alignments(server, distinct_clips(8), model=SERVED_NAME)
@@ -851,10 +831,10 @@ def test_alignments_are_not_packed_unless_asked(server):
     assert server_stats(server)["packed_inputs"] == before["packed_inputs"]
 
 
-def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_text(packing_server):
+def test_short_alignments_that_wait_together_share_windows_and_keep_their_own_text(options_server):
     """Sixteen forced alignments sent at once to a server that packs them: each gives back its own
     text, word for word, at its own times."""
-    server = packing_server
+    server = options_server  # packs forced alignments (whisper_align.pack_alignments)
     clips = distinct_clips(16)
     before = server_stats(server)
 

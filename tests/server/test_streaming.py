@@ -664,7 +664,7 @@ FLOOD_REQUESTS = 90
 
 
 def test_a_flood_of_short_requests_holds_a_longer_file_back_no_longer_than_the_urgent_head_start(
-    model_dir, tmp_path
+    options_server,
 ):
     """Short requests go before the windows of longer files only by a head start (1 s here,
     ``whisper_align.urgent_head_start_s``): a file posted while clients keep more short requests
@@ -675,12 +675,10 @@ def test_a_flood_of_short_requests_holds_a_longer_file_back_no_longer_than_the_u
     engines' order. `auto`'s acoustic model places them after the engine, at a lower CPU priority
     (``audio.phones.NICENESS``); where the flood holds every core, its search runs at a small share of
     one until the flood ends (docs/architecture.md, "Hostile input")."""
-    from tests.support.servers import engine_counts, running_server
+    from tests.support.servers import engine_counts
 
     file = wav_bytes(long_clip(31))  # two windows
     short = wav_bytes(sentence_clips()[1])
-    config = {"whisper_align": {"urgent_head_start_s": 1}}
-    args = ["--max-num-seqs", str(TWO_AT_A_TIME), "--additional-config", json.dumps(config)]
 
     async def flood_then_file(server: str) -> tuple[dict, int]:
         left, finished = [FLOOD_REQUESTS], [0]
@@ -707,8 +705,7 @@ def test_a_flood_of_short_requests_holds_a_longer_file_back_no_longer_than_the_u
             await asyncio.gather(*clients)
         return answer, done_before
 
-    with running_server(model_dir, tmp_path, args=args) as server:
-        answer, done_before = asyncio.run(flood_then_file(server))
+    answer, done_before = asyncio.run(flood_then_file(options_server))  # TWO_AT_A_TIME, a head start of 1 s
     print(f"\nthe file was answered after {done_before} of the {FLOOD_REQUESTS} short requests")
     assert answer["duration"] > 30 and answer["words"], answer
     assert done_before <= FLOOD_REQUESTS * 2 // 3, done_before

@@ -40,6 +40,10 @@ SHARED_SERVER_ENV = {
 # The narrow server's engines run this many requests at once: a few windows already make a long
 # recording wait.
 TWO_AT_A_TIME = 2
+# The guarded server (tests/server/conftest.py) answers only this API key, and cuts off an upload that
+# sends nothing for BODY_IDLE_S.
+API_KEY = "hardening-test-key"
+BODY_IDLE_S = 4
 
 
 def free_port() -> int:
