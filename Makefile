@@ -15,8 +15,8 @@ lint: venv
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-# The whole suite: a real engine, a real server, the openai client, the CLI (21-32 minutes on the 2-core
-# machines here); it ends with its 20 slowest tests, where the time goes.
+# The whole suite: a real engine, a real server, the openai client, the CLI (about 23 minutes on a 2-core
+# AMD EPYC, more on a busy machine); it ends with its 20 slowest tests, where the time goes.
 test: lint
 	$(PY) -m pytest -q --durations=20
 
