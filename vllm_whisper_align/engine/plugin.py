@@ -34,6 +34,7 @@ def register() -> None:
 
     vllm_internals.check_vllm()
     lifetime.exit_with_parent()
+    lifetime.skip_the_collection_at_exit()
     vllm_internals.guard_kernel_override_scan()
     vllm_internals.keep_single_cpu_worker_in_engine_core()
     vllm_internals.admit_encoder_rows_per_step(settings.encoder_rows_per_step, ARCHITECTURE)
