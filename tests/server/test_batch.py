@@ -454,9 +454,8 @@ def test_a_killed_job_resumes_without_redoing_anything_and_fails_only_the_bad_it
     assert stdout == ""
     todo = len(ids) - len(before)
     assert f"{len(before)} done before, {todo} to do" in stderr, stderr[-3000:]
-    assert f"{todo}/{todo} items ({todo - 1} ok, 1 failed; {len(before)} done before)" in stderr, stderr[
-        -3000:
-    ]
+    tally = f"{todo}/{todo} items ({todo - 1} ok, 1 failed; {len(before)} done before)"
+    assert tally in stderr, stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == sorted([*(f"{i}.json" for i in ok_ids), "summary.jsonl"])
     assert {oct(path.stat().st_mode & 0o777) for path in out.iterdir()} == {oct(0o644)}  # umask 022
     after = {name: (out / name).stat() for name in before}

@@ -88,7 +88,6 @@ def headless_engine(model: Path, log_path: Path, args: list[str], env: dict[str,
 class Layout:
     base: str  # the API's URL
     log: Path  # the API process's log
-    engines: int
     served_at_start: dict[str, float]  # requests_per_engine once the server answered, before any test
 
 
@@ -123,7 +122,7 @@ def layout(request, model_dir, tmp_path_factory):
         # give a clip its neighbours as context: tests/server/test_server.py tests that)
         args = [*args, *whisper_align_args(packing=False)]
         base = stack.enter_context(running_server(model_dir, log_dir, args=args, env=env))
-        yield Layout(base, log_dir / SERVER_LOG, ENGINES, requests_per_engine(base))
+        yield Layout(base, log_dir / SERVER_LOG, requests_per_engine(base))
 
 
 async def _transcribe(http: httpx.AsyncClient, base: str, audio: bytes) -> dict:
@@ -176,7 +175,7 @@ def test_every_engine_is_warmed_up_before_the_server_answers(layout):
     (``AlignmentService.warm_up``): an engine compiles vLLM's logprob ranks at the first request that
     asks for logprobs, and a client's first request paid for it."""
     served = layout.served_at_start
-    assert len(served) == layout.engines and min(served.values()) >= 1, served
+    assert len(served) == ENGINES and min(served.values()) >= 1, served
 
 
 def test_concurrent_answers_equal_each_file_alone(layout):
@@ -211,7 +210,7 @@ def test_concurrent_answers_equal_each_file_alone(layout):
     assert held_stats(base) == dict.fromkeys(HELD_STATS, 0)
     # Every engine served some of them: the answers above came from each engine's own capture.
     served = {engine: n - served_before.get(engine, 0) for engine, n in requests_per_engine(base).items()}
-    assert len(served) == layout.engines and all(count > 0 for count in served.values()), served
+    assert len(served) == ENGINES and all(count > 0 for count in served.values()), served
 
 
 def test_disconnect_frees_the_capture_on_the_engine_that_held_it(layout):
