@@ -19,11 +19,6 @@ Decided here and nowhere else, each only when the user did not set it:
 - eager execution (``enforce_eager``), on CPU: vLLM's CPU build traces the model with Dynamo but
   compiles nothing with Inductor here, and served no faster for it (32 clients, 12.0-12.6 s a burst
   of 32 clips either way) while it took 12 s longer to start and 55 MiB more in the engine core.
-- the multimodal processor cache: off. vLLM keeps up to 4 GiB of processed inputs in the API
-  server and as much again in each engine core, to skip re-processing an input it has seen. Audio
-  is rarely sent twice, so a serving process grew by one window's features (0.9 MiB) per window
-  served until the cache was full; a 3-hour recording alone would fill 330 MiB. Computing a
-  window's features costs far less than the encoder pass that follows it.
 - the scheduling policy: ``priority``, so that requests of one window, live decodes and a streamed
   answer's first window go before the waiting windows of longer files begun less than a head start
   before them (``runners.service.engine_priority``); windows are otherwise taken first come, first
@@ -176,7 +171,6 @@ def engine_settings(model: str, given: Mapping[str, Any]) -> dict[str, Any]:
     settings: dict[str, Any] = {
         "limit_mm_per_prompt": {"audio": 1},
         "max_num_seqs": DEFAULT_MAX_NUM_SEQS,
-        "mm_processor_cache_gb": 0,
         "scheduling_policy": "priority",
     }
     on_cpu = current_platform.is_cpu()
@@ -229,8 +223,6 @@ def _log_choices(chosen: Mapping[str, Any], on_cpu: bool) -> None:
         parts.append(f"max_num_batched_tokens {chosen['max_num_batched_tokens']} (a window's encoder output)")
     if chosen.get("enforce_eager"):
         parts.append("eager (no graph compilation; --no-enforce-eager overrides)")
-    if "mm_processor_cache_gb" in chosen:
-        parts.append("no multimodal processor cache (--mm-processor-cache-gb overrides)")
     if parts:
         logger.info("whisper-align defaults for this %s: %s", "CPU" if on_cpu else "GPU", ", ".join(parts))
 
