@@ -228,21 +228,26 @@ def test_server_processes_stay_lean(server, clips):
         assert after["kv_cache_releases"] > before["kv_cache_releases"]
         assert after["kv_cache_bytes"] > 0
         assert after["kv_cache_resident_bytes"] < 0.05 * after["kv_cache_bytes"], after
-        # Nothing is repeated once idle: the encoder cache is empty, and the next request misses it.
+        # Nothing is repeated once idle: the encoder cache and the window features kept are empty, and
+        # the next request misses them.
         assert after["encoder_cache_entries"] == after["encoder_cache_bytes"] == 0, after
         assert after["encoder_cache_misses"] > before["encoder_cache_misses"], after
+        assert after["window_features_entries"] == after["window_features_bytes"] == 0, after
+        assert after["window_features_computed"] > before["window_features_computed"], after
     assert answers[1]["text"] == answers[0]["text"] and answers[1]["words"] == answers[0]["words"]
     assert np.isfinite(start_errors(clips[2], answers[1]["words"])).mean() >= 0.85, answers[1]  # all heard
 
 
 def test_the_same_audio_again_reuses_its_encoder_outputs(server, clips):
     """Audio sent again while the server is busy (a client asking for srt after verbose_json) runs no
-    encoder: its window hits the encoder cache, and the answer is the same."""
+    encoder and computes no features: its window hits the encoder cache and the features kept in the
+    API process, and the answer is the same."""
     before = server_stats(server)
     # Back to back: the server does not go idle between the two.
     first, second = (transcribe_with_words(server, clips[4]) for _ in range(2))
     after = server_stats(server)
     assert after["encoder_cache_hits"] - before["encoder_cache_hits"] >= 1, (before, after)
+    assert after["window_features_reused"] - before["window_features_reused"] >= 1, (before, after)
     assert first["words"] and second["text"] == first["text"] and second["words"] == first["words"]
 
 

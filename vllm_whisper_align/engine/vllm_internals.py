@@ -129,7 +129,8 @@ def capture_cross_attention(attention: Any, heads: list[int], max_tokens: int, m
 
 def with_whole_decoder_prompts(model_cls: type) -> type:
     """``model_cls`` with vLLM's Whisper processor registered for it, told that a decoder prompt is
-    whole as the caller gives it.
+    whole as the caller gives it, and computing each audio's features once while they are kept
+    (``engine.window_features``).
 
     Why internal: vLLM 0.32 prepends the decoder start token (``<|startoftranscript|>``) to every
     decoder prompt that does not begin with it (transformers' generate rule, in
@@ -144,14 +145,23 @@ def with_whole_decoder_prompts(model_cls: type) -> type:
     from vllm.model_executor.models import whisper
     from vllm.multimodal import MULTIMODAL_REGISTRY
 
-    if not hasattr(whisper.WhisperMultiModalProcessor, "skip_decoder_start_token"):
-        raise UnsupportedVllmError(
-            "this vLLM's EncDecMultiModalProcessor has no skip_decoder_start_token; supported: "
-            f"vLLM {supported_versions_text()}"
-        )
+    from vllm_whisper_align.engine.window_features import FEATURES
+
+    for name in ("skip_decoder_start_token", "_call_hf_processor"):
+        if not hasattr(whisper.WhisperMultiModalProcessor, name):
+            raise UnsupportedVllmError(
+                f"this vLLM's Whisper processor has no {name}; supported: vLLM {supported_versions_text()}"
+            )
 
     class WholePromptWhisperProcessor(whisper.WhisperMultiModalProcessor):
         skip_decoder_start_token = True
+
+        def _call_hf_processor(self, hf_data, hf_kwargs):
+            # Why internal: vLLM 0.32 computes every request's features again, its cache of processed
+            # inputs being off for encoder-decoder models; the same audio is sent again often
+            # (engine.window_features). ``_call_hf_processor`` is where the processor calls
+            # transformers' feature extractor.
+            return FEATURES.computed(hf_data, hf_kwargs, super()._call_hf_processor)
 
     return MULTIMODAL_REGISTRY.register_processor(
         WholePromptWhisperProcessor,

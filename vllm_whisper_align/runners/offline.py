@@ -22,7 +22,7 @@ import numpy as np
 from vllm_whisper_align.align.results import Transcript
 from vllm_whisper_align.audio.decode import AudioSource, SpilledSamples, decode_audio
 from vllm_whisper_align.checkpoints.bundled import resolve_model
-from vllm_whisper_align.engine import vllm_internals
+from vllm_whisper_align.engine import vllm_internals, window_features
 from vllm_whisper_align.engine.settings import engine_environment, engine_settings, user_choices
 from vllm_whisper_align.errors import NoCaptureError, OptionError
 from vllm_whisper_align.log import get_logger
@@ -189,13 +189,14 @@ class WhisperAligner:
         return self.run(driver.together([driver.run_plan(plan, self.tokens) for plan in plans]), use_tqdm)
 
     def run(self, work: driver.Driver, use_tqdm: bool = False) -> Any:
-        """A driver's commands carried out on this engine until it returns. The engine's encoder cache
-        serves the call's own repeats (a fallback retry, the second pass of a long alignment) and is
-        emptied when the call ends, as the server empties it when idle: nothing is held, or reused,
-        between calls."""
+        """A driver's commands carried out on this engine until it returns. The engine's encoder cache,
+        and this process's cache of window features, serve the call's own repeats (a fallback retry,
+        the second pass of a long alignment) and are emptied when the call ends, as the server empties
+        them when idle: nothing is held, or reused, between calls."""
         try:
             return driver.carry_out(work, lambda command: self._answer(command, use_tqdm))
         finally:
+            window_features.FEATURES.clear()
             self.llm.collective_rpc(RPC_CLEAR_ENCODER_CACHE)
 
     def discard(self, keys: Sequence[str]) -> int:

@@ -30,6 +30,7 @@ from vllm_whisper_align.audio.decode import AudioTooLongError, SpilledSamples, d
 from vllm_whisper_align.audio.windows import AudioChunk
 from vllm_whisper_align.checkpoints.bundled import sample_path
 from vllm_whisper_align.constants import N_SAMPLES, SAMPLE_RATE
+from vllm_whisper_align.engine import window_features
 from vllm_whisper_align.engine.settings import encoder_rows_per_step
 from vllm_whisper_align.engine.vllm_internals import collective_rpc_every_engine
 from vllm_whisper_align.log import get_logger
@@ -189,6 +190,7 @@ class AlignmentService:
         await asyncio.sleep(memory.IDLE_BEFORE_RETURNING_MEMORY_S)
         if self._requests_in_flight or self._requests_started != requests_started:
             return  # not idle since: the request that came, or the task its end made, does it
+        window_features.FEATURES.clear()
         await asyncio.to_thread(memory.return_freed_heap)
         try:
             await self._rpc_all_engines(RPC_RETURN_IDLE_MEMORY)
@@ -380,6 +382,7 @@ class AlignmentService:
             "requests_in_flight": self._requests_in_flight,
             **self.counts,
             **self.packer.counts,
+            **window_features.FEATURES.stats(),
         }
         for engine_stats in await self._rpc_all_engines(RPC_STATS):
             for name, value in engine_stats.items():
