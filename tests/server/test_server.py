@@ -238,7 +238,7 @@ def test_server_processes_stay_lean(server, clips):
     assert np.isfinite(start_errors(clips[2], answers[1]["words"])).mean() >= 0.85, answers[1]  # all heard
 
 
-def test_the_same_audio_again_reuses_its_encoder_outputs(server, clips):
+def test_the_same_audio_again_reuses_its_encoder_outputs_and_features(server, clips):
     """Audio sent again while the server is busy (a client asking for srt after verbose_json) runs no
     encoder and computes no features: its window hits the encoder cache and the features kept in the
     API process, and the answer is the same."""

@@ -3,7 +3,7 @@ for the next request on the same audio.
 
 vLLM's processor computes a request's features in the front end (the API server, or the offline
 API's process) for every request: transformers' ``WhisperFeatureExtractor``, an STFT of the window
-padded to 30 s, 13-18 ms of CPU a window. vLLM 0.32 turns its own cache of processed inputs off for
+padded to 30 s. vLLM 0.32 turns its own cache of processed inputs off for
 encoder-decoder models, whatever ``--mm-processor-cache-gb`` says. The same audio often goes to the
 engine again: a fallback's later temperatures, long-form alignment's second pass over the windows its
 first pass transcribed, a packed input run alone after its window. The engines' encoder cache
